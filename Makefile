@@ -1,0 +1,36 @@
+# Set-up and everyday commands. Each target creates or updates .venv first and is safe to re-run.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+TORCH  ?= torch==2.13.0
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup demo test test-slow lint bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "$(TORCH)"
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: setup  ## the built-in demo: pretrain (or reuse) the tiny base, run seq_ft on 3 tasks
+	$(VENV)/bin/forgetless run --out runs/demo
+
+lint: setup
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/mypy src
+
+test: lint  ## the fast tier (what CI runs)
+	$(VENV)/bin/pytest -q
+
+test-slow: setup  ## long end-to-end and fault-injection tests
+	$(VENV)/bin/pytest -q -m slow
+
+bench: setup
+	$(PY) benchmarks/throughput.py
+	$(PY) benchmarks/demo_time.py
+
+clean:
+	rm -rf $(VENV) runs

@@ -1,0 +1,131 @@
+"""forgetless: train a task sequence, measure forgetting."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from forgetless.errors import ForgetlessError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+console = Console()
+err_console = Console(stderr=True)
+
+ConfigArg = Annotated[Path | None, typer.Argument(help="YAML config; omit for the built-in demo.")]
+SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="Override: key.path=value")]  # noqa: UP045
+
+
+@app.command()
+def run(
+    config: ConfigArg = None,
+    out: Annotated[Path | None, typer.Option(help="Output folder (default runs/<name>).")] = None,
+    set_: SetOpt = None,
+    allow_config_change: Annotated[
+        bool, typer.Option(help="Resume even if the config changed.")
+    ] = False,
+    quiet: Annotated[bool, typer.Option(help="No progress bars.")] = False,
+) -> None:
+    """Train the task sequence, evaluating after each task; re-run to resume."""
+    from forgetless.config.loading import load_config
+    from forgetless.report.table import accuracy_table, metrics_table
+    from forgetless.training.runner import Runner
+
+    cfg = load_config(config, set_)
+    out_dir = out or Path("runs") / (config.stem if config else "demo")
+    results = Runner(
+        cfg, out_dir, console, progress=not quiet, allow_config_change=allow_config_change
+    ).run()
+    data = results.to_json()
+    console.print(accuracy_table(data))
+    console.print(metrics_table(data))
+    console.print(f"results: {out_dir / 'results.json'}")
+
+
+@app.command()
+def validate(
+    config: Annotated[Path, typer.Argument(help="YAML config to check.")], set_: SetOpt = None
+) -> None:
+    """Check a config without running anything (exit code 2 on error)."""
+    from forgetless.config.loading import load_config
+
+    cfg = load_config(config, set_)
+    names = ", ".join(t.display_name for t in cfg.tasks)
+    console.print(
+        f"ok: {config} — method {cfg.method.name}, {cfg.finetune.mode} fine-tuning, tasks: {names}"
+    )
+
+
+@app.command()
+def methods() -> None:
+    """List the registered forgetting-control methods and the capabilities they use."""
+    from forgetless.methods import registered_methods
+
+    table = Table("method", "capabilities", "description")
+    for name, cls in sorted(registered_methods().items()):
+        caps = ", ".join(sorted(c.value for c in cls.capabilities)) or "-"
+        table.add_row(name, caps, (cls.__doc__ or "").strip().splitlines()[0])
+    console.print(table)
+
+
+@app.command()
+def tasks() -> None:
+    """List the built-in task suite."""
+    from forgetless.tasks.builtin import BUILTIN_TASKS, build_builtin_task
+
+    table = Table("task", "role", "example", "description")
+    for name, spec in BUILTIN_TASKS.items():
+        example = build_builtin_task(name, n_train=1, n_eval=1, seed=0).eval[0]
+        role = "base capability (probe)" if spec.base_capability else "sequence"
+        table.add_row(
+            name, role, escape(f"{example.prompt}{example.completion}"), escape(spec.description)
+        )
+    console.print(table)
+
+
+@app.command()
+def pretrain(
+    config: ConfigArg = None,
+    set_: SetOpt = None,
+    out: Annotated[Optional[Path], typer.Option(help="Folder (default: the cache).")] = None,  # noqa: UP045
+    quiet: Annotated[bool, typer.Option(help="No progress bars.")] = False,
+) -> None:
+    """Build and pretrain the tiny base model on the base capabilities, under a seed."""
+    from forgetless.config.loading import load_config
+    from forgetless.models.pretrain import cached_base_dir, pretrain_base
+
+    cfg = load_config(config, set_)
+    folder = out or cached_base_dir(cfg.model)
+    pretrain_base(cfg.model, folder, console, progress=not quiet)
+    console.print(f"saved: {folder}")
+
+
+def main() -> None:
+    try:
+        app(standalone_mode=False)
+    except ForgetlessError as err:
+        err_console.print(f"error: {err}", markup=False, highlight=False, soft_wrap=True)
+        sys.exit(err.exit_code)
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
+        sys.exit(130)
+    except typer.Exit as exit_:
+        sys.exit(exit_.exit_code)
+    except Exception as err:
+        import click
+
+        if isinstance(err, click.exceptions.ClickException):
+            err.show()
+            sys.exit(err.exit_code)
+        if isinstance(err, click.exceptions.Abort):
+            sys.exit(1)
+        raise
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,21 @@
+"""The built-in demo: the tiny base, three sequence tasks, the base capabilities as probes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+DEMO_SEQUENCE = ["reverse", "cipher", "bracket"]
+DEMO_PROBES = ["copy", "upper", "facts", "add"]
+
+
+def demo_config_dict() -> dict[str, Any]:
+    return {
+        "seed": 0,
+        "model": {"name_or_path": None},
+        "finetune": {"mode": "full"},
+        "train": {"steps": 200, "batch_size": 32, "lr": 1e-3},
+        "eval": {"n_eval": 100},
+        "tasks": list(DEMO_SEQUENCE),
+        "probes": list(DEMO_PROBES),
+        "method": {"name": "seq_ft"},
+    }

@@ -1,0 +1,107 @@
+"""YAML loading, dotted ``key=value`` overrides, and one-line validation errors."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from forgetless.config.schema import RunConfig
+from forgetless.errors import ConfigError
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    """Read a YAML mapping; a missing file or a syntax error is a ConfigError naming the place."""
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(f"{path}{where}: invalid YAML: {problem}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping, got {type(data).__name__}")
+    return data
+
+
+def apply_override(data: dict[str, Any], assignment: str) -> None:
+    """Apply ``a.b.0.c=value`` in place; the value is parsed as YAML (``1e-4``, ``[a, b]``)."""
+    key, sep, raw = assignment.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"override {assignment!r} must look like key.path=value")
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        raise ConfigError(f"override {assignment!r}: value is not valid YAML") from None
+    parts = key.split(".")
+    node: Any = data
+    for i, part in enumerate(parts[:-1]):
+        node = _child(node, part, parts[: i + 1], assignment, create=not parts[i + 1].isdigit())
+    _assign(node, parts[-1], value, assignment)
+
+
+def _child(node: Any, part: str, path: list[str], assignment: str, create: bool) -> Any:
+    if isinstance(node, list):
+        return node[_index(node, part, assignment)]
+    if not isinstance(node, dict):
+        raise ConfigError(f"override {assignment!r}: {'.'.join(path[:-1])} is not a mapping")
+    if part not in node or node[part] is None:
+        node[part] = {} if create else []
+    return node[part]
+
+
+def _assign(node: Any, part: str, value: Any, assignment: str) -> None:
+    if isinstance(node, list):
+        node[_index(node, part, assignment)] = value
+    elif isinstance(node, dict):
+        node[part] = value
+    else:
+        raise ConfigError(f"override {assignment!r}: cannot set a key on a {type(node).__name__}")
+
+
+def _index(node: list[Any], part: str, assignment: str) -> int:
+    if not part.isdigit() or int(part) >= len(node):
+        raise ConfigError(f"override {assignment!r}: {part!r} is not an index below {len(node)}")
+    return int(part)
+
+
+def format_validation_error(err: ValidationError, source: str) -> str:
+    """All of a ValidationError on one line: ``source: field.path: message; ...``."""
+    parts = []
+    for item in err.errors():
+        loc = ".".join(str(p) for p in item["loc"] if not _is_union_tag(p)) or "<root>"
+        parts.append(f"{loc}: {item['msg']}")
+    return f"{source}: " + "; ".join(parts)
+
+
+def _is_union_tag(part: Any) -> bool:
+    return isinstance(part, str) and part.endswith("Config") and part[:1].isupper()
+
+
+def validate_config(data: dict[str, Any], source: str = "config") -> RunConfig:
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err, source)) from None
+
+
+def load_config(path: Path | None, overrides: list[str] | None = None) -> RunConfig:
+    """Load a YAML config (or the built-in demo when ``path`` is None) and apply overrides."""
+    from forgetless.config.demo import demo_config_dict
+
+    data = read_yaml(path) if path is not None else demo_config_dict()
+    data = copy.deepcopy(data)
+    for assignment in overrides or []:
+        apply_override(data, assignment)
+    return validate_config(data, str(path) if path else "demo config")
+
+
+def dump_config(config: RunConfig) -> str:
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,217 @@
+"""The run configuration: pydantic models that reject unknown keys and bad values early."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from forgetless.methods import registered_methods
+from forgetless.methods.seq_ft import SeqFTConfig
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+
+class TinyModelConfig(Strict):
+    """A small Llama/Qwen2 model built from a config, for CPU runs and tests."""
+
+    arch: Literal["qwen2", "llama"] = Field("qwen2", description="Architecture class to build.")
+    hidden_size: int = Field(128, ge=8, description="Hidden width.")
+    num_layers: int = Field(4, ge=1, description="Number of decoder layers.")
+    num_heads: int = Field(4, ge=1, description="Attention heads.")
+    num_kv_heads: int = Field(2, ge=1, description="Key/value heads (grouped-query attention).")
+    intermediate_size: int = Field(512, ge=8, description="MLP width.")
+    max_position: int = Field(128, ge=16, description="Longest sequence in tokens.")
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> TinyModelConfig:
+        if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
+            raise ValueError("num_heads must divide hidden_size and num_kv_heads divide num_heads")
+        return self
+
+
+class PretrainConfig(Strict):
+    """How the built-in base model is pretrained on the base-capability tasks."""
+
+    tasks: list[str] = Field(
+        default_factory=lambda: ["copy", "upper", "facts", "add"],
+        description="Built-in tasks in the pretraining mixture (the base capabilities).",
+    )
+    steps: int = Field(3000, ge=1, description="Optimizer steps.")
+    batch_size: int = Field(32, ge=1, description="Examples per step.")
+    lr: float = Field(3e-3, gt=0, description="Peak learning rate (cosine schedule).")
+    n_train: int = Field(4000, ge=1, description="Training examples per task.")
+    seed: int = Field(0, description="Seed for weights and data.")
+
+
+class ModelConfig(Strict):
+    name_or_path: str | None = Field(
+        None,
+        description="Hub id or local directory; null builds and pretrains the built-in tiny base.",
+    )
+    revision: str | None = Field(None, description="Hub revision (branch, tag or commit).")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="Weights dtype."
+    )
+    trust_remote_code: bool = Field(False, description="Run code shipped with the model (risky).")
+    attn_implementation: str | None = Field(None, description="e.g. 'eager' or 'sdpa'.")
+    tiny: TinyModelConfig = Field(default_factory=TinyModelConfig)  # type: ignore[arg-type]
+    pretrain: PretrainConfig = Field(default_factory=PretrainConfig)  # type: ignore[arg-type]
+
+
+class LoraConfig(Strict):
+    r: int = Field(8, ge=1, description="LoRA rank.")
+    alpha: int = Field(16, gt=0, description="LoRA scale numerator (scale = alpha / r).")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the LoRA path.")
+    target_modules: list[str] = Field(
+        default_factory=lambda: [
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            "o_proj",
+            "gate_proj",
+            "up_proj",
+            "down_proj",
+        ],
+        description="Module names that get adapters.",
+    )
+    regime: Literal["carry", "merge", "per_task"] = Field(
+        "carry",
+        description="carry: one adapter for the whole sequence (SeqLoRA); merge: a new adapter per "
+        "task merged at its end; per_task: a new adapter per task, past ones frozen beside it.",
+    )
+
+
+class FinetuneConfig(Strict):
+    mode: Literal["full", "lora"] = Field("full", description="Full fine-tuning or LoRA (PEFT).")
+    lora: LoraConfig = Field(default_factory=LoraConfig)  # type: ignore[arg-type]
+
+
+class TrainConfig(Strict):
+    """Per-task training budget; a task's ``train`` block overrides any of these."""
+
+    steps: int | None = Field(200, ge=1, description="Optimizer steps per task (or use epochs).")
+    epochs: float | None = Field(None, gt=0, description="Epochs per task; overrides steps.")
+    batch_size: int = Field(32, ge=1, description="Examples per micro-batch.")
+    grad_accum: int = Field(1, ge=1, description="Micro-batches per optimizer step.")
+    lr: float = Field(1e-3, gt=0, description="Peak learning rate (AdamW).")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps.")
+    scheduler: Literal["constant", "linear", "cosine"] = Field(
+        "constant", description="LR schedule."
+    )
+    max_grad_norm: float | None = Field(1.0, gt=0, description="Gradient clipping; null disables.")
+    max_length: int = Field(64, ge=8, description="Truncate examples to this many tokens.")
+
+
+class TrainOverrides(Strict):
+    steps: int | None = Field(None, ge=1)
+    epochs: float | None = Field(None, gt=0)
+    batch_size: int | None = Field(None, ge=1)
+    lr: float | None = Field(None, gt=0)
+
+
+class JsonlSource(Strict):
+    train: Path = Field(description="JSONL with prompt/completion or messages per line.")
+    eval: Path | None = Field(None, description="Eval JSONL; default: split off the train file.")
+    eval_fraction: float = Field(0.1, gt=0, lt=1, description="Eval share when eval is not given.")
+
+
+class HFSource(Strict):
+    path: str = Field(description="datasets.load_dataset path, or a save_to_disk directory.")
+    name: str | None = Field(None, description="Dataset configuration name.")
+    data_files: str | list[str] | dict[str, str] | None = Field(None, description="Local files.")
+    train_split: str = Field("train")
+    eval_split: str | None = Field(None, description="Default: split off the train split.")
+    eval_fraction: float = Field(0.1, gt=0, lt=1)
+    prompt_column: str = Field("prompt")
+    completion_column: str = Field("completion")
+    messages_column: str | None = Field(None, description="Use chat messages instead of columns.")
+
+
+class TaskConfig(Strict):
+    """One task: a built-in name, a JSONL source or a Hugging Face dataset."""
+
+    builtin: str | None = Field(None, description="A built-in task (see `forgetless tasks`).")
+    name: str | None = Field(None, description="Display name; default: the source's name.")
+    jsonl: JsonlSource | None = None
+    hf: HFSource | None = None
+    n_train: int | None = Field(None, ge=1, description="Cap on training examples.")
+    n_eval: int | None = Field(None, ge=1, description="Cap on eval examples.")
+    max_new_tokens: int | None = Field(None, ge=1, description="Generation budget for scoring.")
+    train: TrainOverrides = Field(default_factory=TrainOverrides)  # type: ignore[arg-type]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_string(cls, value: Any) -> Any:
+        return {"builtin": value} if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _one_source(self) -> TaskConfig:
+        sources = [s for s in (self.builtin, self.jsonl, self.hf) if s is not None]
+        if len(sources) != 1:
+            raise ValueError("a task needs exactly one of builtin, jsonl, hf")
+        return self
+
+    @property
+    def display_name(self) -> str:
+        if self.name:
+            return self.name
+        if self.builtin:
+            return self.builtin
+        if self.jsonl:
+            return self.jsonl.train.stem
+        assert self.hf is not None
+        return Path(self.hf.path).name
+
+
+class EvalConfig(Strict):
+    n_eval: int = Field(100, ge=1, description="Eval examples per task unless the task says.")
+    n_train: int = Field(2000, ge=1, description="Built-in training examples per task.")
+    batch_size: int = Field(128, ge=1, description="Prompts per generation batch.")
+    kl_drift: bool = Field(True, description="Measure output-space KL drift on the probes.")
+    kl_examples: int = Field(32, ge=1, description="Probe examples per probe for KL drift.")
+
+
+def _method_union() -> Any:
+    configs = tuple(cls.config_cls for cls in registered_methods().values())
+    if len(configs) == 1:
+        return configs[0]
+    return Annotated[Union[configs], Field(discriminator="name")]  # noqa: UP007
+
+
+class RunConfig(Strict):
+    """A whole continual run: model, fine-tuning mode, task sequence, probes, method."""
+
+    seed: int = Field(0, description="Seed for data order, initialisation and sampling.")
+    model: ModelConfig = Field(default_factory=ModelConfig)  # type: ignore[arg-type]
+    finetune: FinetuneConfig = Field(default_factory=FinetuneConfig)  # type: ignore[arg-type]
+    train: TrainConfig = Field(default_factory=TrainConfig)  # type: ignore[arg-type]
+    eval: EvalConfig = Field(default_factory=EvalConfig)  # type: ignore[arg-type]
+    tasks: list[TaskConfig] = Field(min_length=1, description="The continual sequence, in order.")
+    probes: list[TaskConfig] = Field(default_factory=list, description="Retention probes.")
+    method: _method_union() = Field(  # type: ignore[valid-type]
+        default_factory=lambda: SeqFTConfig(name="seq_ft"), description="Forgetting control."
+    )
+
+    @field_validator("method", mode="before")
+    @classmethod
+    def _known_method(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = {"name": value}
+        name = value.get("name") if isinstance(value, dict) else getattr(value, "name", None)
+        if name is not None and name not in registered_methods():
+            known = ", ".join(sorted(registered_methods()))
+            raise ValueError(f"unknown method {name!r}; known: {known}")
+        return value
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> RunConfig:
+        names = [t.display_name for t in [*self.tasks, *self.probes]]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"task and probe names must be unique; repeated: {', '.join(dupes)}")
+        return self

@@ -1,0 +1,101 @@
+"""Scoring by greedy generation, and teacher-forced log-probs for output-space drift."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from forgetless.eval.metrics import token_kl
+from forgetless.tasks.base import Example, Task
+from forgetless.tasks.formatting import IGNORE_INDEX, collate, encode_example, encode_prompt
+
+
+@dataclass
+class EvalResult:
+    """Accuracy of one task plus, per eval example, whether it was answered correctly."""
+
+    task: str
+    accuracy: float
+    correct: list[bool]
+    predictions: list[str]
+
+
+def _left_pad(
+    prompts: list[list[int]], pad_id: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt) :] = torch.tensor(prompt)
+        mask[row, width - len(prompt) :] = 1
+    return ids.to(device), mask.to(device)
+
+
+@torch.no_grad()
+def generate_completions(
+    model: nn.Module, tokenizer: Any, examples: list[Example], max_new_tokens: int, batch_size: int
+) -> list[str]:
+    """Greedy completions, batched with left padding; decoding stops at EOS."""
+    device = next(model.parameters()).device
+    pad_id = (
+        tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    )
+    outputs: list[str] = []
+    for start in range(0, len(examples), batch_size):
+        chunk = [encode_prompt(tokenizer, e) for e in examples[start : start + batch_size]]
+        ids, mask = _left_pad(chunk, pad_id, device)
+        generated = model.generate(  # type: ignore[operator]
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=pad_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )
+        new_tokens = generated[:, ids.shape[1] :]
+        outputs.extend(tokenizer.batch_decode(new_tokens, skip_special_tokens=True))
+    return outputs
+
+
+def evaluate_task(model: nn.Module, tokenizer: Any, task: Task, batch_size: int) -> EvalResult:
+    was_training = model.training
+    model.eval()
+    predictions = generate_completions(model, tokenizer, task.eval, task.max_new_tokens, batch_size)
+    model.train(was_training)
+    correct = [task.scorer(p, e.completion) for p, e in zip(predictions, task.eval, strict=True)]
+    return EvalResult(task.name, sum(correct) / len(correct), correct, predictions)
+
+
+@torch.no_grad()
+def completion_logprobs(
+    model: nn.Module, tokenizer: Any, examples: list[Example], max_length: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-softmax over the vocabulary at each completion position (teacher-forced).
+
+    Returns ``(logp, mask)`` with ``logp`` of shape (batch, positions, vocab) aligned to predict
+    the next token, and ``mask`` selecting the completion positions.
+    """
+    device = next(model.parameters()).device
+    feats = [encode_example(tokenizer, e, max_length) for e in examples]
+    pad_id = (
+        tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    )
+    batch = {k: v.to(device) for k, v in collate(feats, pad_id).items()}
+    was_training = model.training
+    model.eval()
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    model.train(was_training)
+    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    return logp.cpu(), (batch["labels"][:, 1:] != IGNORE_INDEX).cpu()
+
+
+def kl_drift(
+    base: tuple[torch.Tensor, torch.Tensor], now: tuple[torch.Tensor, torch.Tensor]
+) -> tuple[float, float]:
+    """(KL(p_base ‖ p_model), KL(p_model ‖ p_base)) averaged over completion tokens."""
+    (logp_base, mask), (logp_now, _) = base, now
+    return float(token_kl(logp_base, logp_now, mask)), float(token_kl(logp_now, logp_base, mask))

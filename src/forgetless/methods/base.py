@@ -1,0 +1,232 @@
+"""The method interface: capabilities, hook contexts and the registry.
+
+A forgetting-control method is one class in one file. It declares the capabilities it uses and
+overrides exactly the hooks those capabilities name; the runner calls nothing else. Registration
+checks that declaration and overrides agree, so a hook cannot be silently ignored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict
+from torch import nn
+
+if TYPE_CHECKING:
+    from forgetless.eval.scoring import EvalResult
+    from forgetless.tasks.base import Task
+    from forgetless.tasks.formatting import Features
+    from forgetless.training.loop import TrainStats
+
+Batch = dict[str, torch.Tensor]
+LossFn = Callable[[Batch, Any, "StepContext"], torch.Tensor]
+MethodState = dict[str, Any]
+ReduceOp = Literal["sum", "mean", "max"]
+
+
+class Capability(str, Enum):
+    """What a method hooks into. Each capability names exactly one hook (see ``HOOKS``)."""
+
+    TASK_START = "task_start"
+    BATCH_TRANSFORM = "batch_transform"
+    ACTIVATION_HOOKS = "activation_hooks"
+    REPLACE_LOSS = "replace_loss"
+    LOSS_TERMS = "loss_terms"
+    UPDATE_GATE = "update_gate"
+    TRAIN_STAGE = "train_stage"
+    MODEL_TRANSFORM = "model_transform"
+    TASK_END = "task_end"
+    STATE = "state"
+
+
+HOOKS: dict[Capability, tuple[str, ...]] = {
+    Capability.TASK_START: ("on_task_start",),
+    Capability.BATCH_TRANSFORM: ("transform_batch",),
+    Capability.ACTIVATION_HOOKS: ("register_hooks",),
+    Capability.REPLACE_LOSS: ("task_loss",),
+    Capability.LOSS_TERMS: ("loss_terms",),
+    Capability.UPDATE_GATE: ("gate_update",),
+    Capability.TRAIN_STAGE: ("train_task",),
+    Capability.MODEL_TRANSFORM: ("transform_model",),
+    Capability.TASK_END: ("on_task_end",),
+    Capability.STATE: ("state_dict", "load_state_dict"),
+}
+
+
+class MethodConfig(BaseModel):
+    """Base of every method's config; subclasses pin ``name`` to a ``Literal``."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str
+
+
+@dataclass
+class RunInfo:
+    """What a method may know about the whole run."""
+
+    seed: int
+    out_dir: Path
+    task_names: list[str]
+    probe_names: list[str]
+    finetune_mode: str
+
+
+@dataclass
+class TaskContext:
+    """The task being trained, with its tokenized training data (1-based ``task_index``)."""
+
+    run: RunInfo
+    task_index: int
+    task: Task
+    model: nn.Module
+    tokenizer: Any
+    train_features: list[Features]
+    past_tasks: list[Task]
+    device: torch.device
+
+
+@dataclass
+class StepContext:
+    """One optimizer step of the shared loop."""
+
+    task: TaskContext
+    step: int
+    total_steps: int
+
+
+@dataclass
+class TaskEndContext:
+    """End-of-task view: the task context plus every evaluation just made on the trained model."""
+
+    task: TaskContext
+    eval_results: dict[str, EvalResult]
+    stats: TrainStats
+
+
+@dataclass
+class Stage:
+    """Handed to a ``TRAIN_STAGE`` method: it trains the task itself, through the shared loop.
+
+    ``sft`` runs the runner's step loop (with the method's other hooks) on ``features`` (default:
+    the task's data) with an optional loss that replaces cross-entropy; a stage may call it many
+    times (outer/inner loops) or hand the model to another trainer.
+    """
+
+    ctx: TaskContext
+    sft: Callable[..., TrainStats]
+    out_dir: Path
+    stats: list[TrainStats] = field(default_factory=list)
+
+
+class Method:
+    """Base of all methods. Hooks raise unless overridden; the runner calls only declared ones."""
+
+    name: ClassVar[str]
+    config_cls: ClassVar[type[MethodConfig]]
+    capabilities: ClassVar[frozenset[Capability]] = frozenset()
+    reduce_ops: ClassVar[Mapping[str, ReduceOp]] = {}
+    """How state tensors (by key prefix) are reduced across processes before they are saved."""
+
+    def __init__(self, config: MethodConfig) -> None:
+        self.config = config
+
+    def uses(self, capability: Capability) -> bool:
+        return capability in self.capabilities
+
+    def on_task_start(self, ctx: TaskContext) -> None:
+        raise NotImplementedError
+
+    def transform_batch(self, features: list[Features], ctx: StepContext) -> list[Features]:
+        raise NotImplementedError
+
+    def register_hooks(self, ctx: TaskContext) -> list[torch.utils.hooks.RemovableHandle]:
+        raise NotImplementedError
+
+    def task_loss(self, batch: Batch, outputs: Any, ctx: StepContext) -> torch.Tensor:
+        raise NotImplementedError
+
+    def loss_terms(self, batch: Batch, outputs: Any, ctx: StepContext) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def gate_update(
+        self, model: nn.Module, pre_step: dict[str, torch.Tensor], ctx: StepContext
+    ) -> None:
+        raise NotImplementedError
+
+    def train_task(self, stage: Stage) -> TrainStats:
+        raise NotImplementedError
+
+    def transform_model(self, model: nn.Module, ctx: TaskContext) -> nn.Module:
+        raise NotImplementedError
+
+    def on_task_end(self, ctx: TaskEndContext) -> None:
+        raise NotImplementedError
+
+    def state_dict(self) -> MethodState:
+        """Tensors and JSON-able values to restore after a resume."""
+        return {}
+
+    def load_state_dict(self, state: MethodState) -> None:
+        if state:
+            raise ValueError(f"method {self.name!r} keeps no state but got keys {sorted(state)}")
+
+
+_REGISTRY: dict[str, type[Method]] = {}
+
+
+def _overridden(cls: type[Method], hook: str) -> bool:
+    return getattr(cls, hook) is not getattr(Method, hook)
+
+
+def check_method_class(cls: type[Method]) -> None:
+    """Raise TypeError when the declared capabilities and the overridden hooks disagree."""
+    for capability, hooks in HOOKS.items():
+        for hook in hooks:
+            declared, overridden = capability in cls.capabilities, _overridden(cls, hook)
+            if declared and not overridden and capability is not Capability.STATE:
+                raise TypeError(f"{cls.__name__} declares {capability.value} but lacks {hook}()")
+            if overridden and not declared:
+                raise TypeError(
+                    f"{cls.__name__} overrides {hook}() without declaring {capability.value}"
+                )
+
+
+def register_method(cls: type[Method]) -> type[Method]:
+    """Class decorator: add a method to the registry under its config's ``name`` literal."""
+    name = cls.name
+    if not name.isidentifier() or name != name.lower():
+        raise ValueError(f"method name {name!r} must be a lowercase identifier")
+    if name in _REGISTRY:
+        raise ValueError(f"method {name!r} is already registered")
+    field_info = cls.config_cls.model_fields["name"]
+    if getattr(field_info.annotation, "__args__", None) != (name,):
+        raise TypeError(f"{cls.config_cls.__name__}.name must be Literal[{name!r}]")
+    check_method_class(cls)
+    _REGISTRY[name] = cls
+    return cls
+
+
+def registered_methods() -> dict[str, type[Method]]:
+    """All registered methods by name (importing ``forgetless.methods`` registers the built-ins)."""
+    return dict(_REGISTRY)
+
+
+def method_class(name: str) -> type[Method]:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        known = ", ".join(sorted(_REGISTRY))
+        raise KeyError(f"unknown method {name!r}; known: {known}") from None
+
+
+def create_method(config: MethodConfig) -> Method:
+    return method_class(config.name)(config)
+
+
+def hook_names(capabilities: Iterable[Capability]) -> list[str]:
+    return [hook for cap in capabilities for hook in HOOKS[cap]]

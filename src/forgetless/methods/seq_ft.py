@@ -1,0 +1,25 @@
+"""Sequential fine-tuning: plain SFT on each task in turn, the lower bound every method must beat.
+
+With ``finetune.mode: lora`` and the default ``carry`` regime this is SeqLoRA (one adapter trained
+across the whole sequence).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from forgetless.methods.base import Method, MethodConfig, register_method
+
+
+class SeqFTConfig(MethodConfig):
+    name: Literal["seq_ft"] = Field("seq_ft", description="Sequential fine-tuning (no control).")
+
+
+@register_method
+class SeqFT(Method):
+    """Uses no hook: the shared loop's cross-entropy on the current task is all it does."""
+
+    name = "seq_ft"
+    config_cls = SeqFTConfig

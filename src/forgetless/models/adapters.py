@@ -1,0 +1,114 @@
+"""What is trained across the sequence: all weights, or LoRA adapters in one of three regimes.
+
+- ``carry``: one adapter for the whole sequence (SeqLoRA);
+- ``merge``: a new adapter per task, merged into the weights when the task ends;
+- ``per_task``: a new adapter per task; past adapters stay active but frozen (as O-LoRA needs).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from peft import LoraConfig as PeftLoraConfig
+from peft import PeftModel, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
+from safetensors.torch import load_file, load_model, save_file, save_model
+from torch import nn
+
+from forgetless.config.schema import FinetuneConfig
+
+WEIGHTS_FILE = "model.safetensors"
+ADAPTER_FILE = "adapter_model.safetensors"
+
+
+class Finetuner:
+    """Owns the trained model object across tasks and knows how to save and restore it."""
+
+    def __init__(self, model: nn.Module, cfg: FinetuneConfig) -> None:
+        self.model = model
+        self.cfg = cfg
+        self.adapters: list[str] = []
+
+    @property
+    def is_lora(self) -> bool:
+        return self.cfg.mode == "lora"
+
+    def _peft_config(self) -> PeftLoraConfig:
+        lora = self.cfg.lora
+        return PeftLoraConfig(
+            r=lora.r,
+            lora_alpha=lora.alpha,
+            lora_dropout=lora.dropout,
+            target_modules=list(lora.target_modules),
+            task_type="CAUSAL_LM",
+        )
+
+    def _add_adapter(self, name: str) -> None:
+        if isinstance(self.model, PeftModel):
+            self.model.add_adapter(name, self._peft_config())
+        else:
+            self.model = get_peft_model(self.model, self._peft_config(), adapter_name=name)
+        self.adapters.append(name)
+        self.model.base_model.set_adapter(list(self.adapters))  # type: ignore[operator]
+        self._train_only(name)
+
+    def _train_only(self, name: str) -> None:
+        for param_name, param in self.model.named_parameters():
+            param.requires_grad = f".{name}." in param_name and "lora_" in param_name
+
+    def begin_task(self, index: int) -> None:
+        """Prepare the trainable parameters for task ``index`` (1-based)."""
+        if not self.is_lora:
+            return
+        regime = self.cfg.lora.regime
+        if regime == "per_task":
+            self._add_adapter(f"task_{index}")
+        elif regime == "merge" or not self.adapters:
+            self._add_adapter("default")
+
+    def save(self, folder: Path) -> None:
+        """Full weights, or each live adapter under ``adapters/<name>/`` in PEFT's layout."""
+        if not self.is_lora:
+            save_model(self.model, str(folder / WEIGHTS_FILE))
+            return
+        assert isinstance(self.model, PeftModel)
+        for name in self.adapters:
+            target = folder / "adapters" / name
+            target.mkdir(parents=True)
+            state = get_peft_model_state_dict(self.model, adapter_name=name)
+            save_file({k: v.contiguous() for k, v in state.items()}, str(target / ADAPTER_FILE))
+            self.model.peft_config[name].save_pretrained(str(target))
+
+    def end_task(self) -> None:
+        """In the ``merge`` regime, fold the task's adapter into the weights."""
+        if self.is_lora and self.cfg.lora.regime == "merge":
+            assert isinstance(self.model, PeftModel)
+            self.model = self.model.merge_and_unload()
+            self.adapters = []
+
+    def restore(self, checkpoints: list[Path]) -> None:
+        """Rebuild the state after the tasks whose checkpoints are given (in order)."""
+        if not checkpoints:
+            return
+        if not self.is_lora:
+            load_model(self.model, str(checkpoints[-1] / WEIGHTS_FILE))
+            return
+        if self.cfg.lora.regime == "merge":
+            for index, ckpt in enumerate(checkpoints, start=1):
+                self.begin_task(index)
+                self._load_adapter("default", ckpt)
+                self.end_task()
+            return
+        names = sorted(p.name for p in (checkpoints[-1] / "adapters").iterdir())
+        for name in sorted(names, key=_adapter_order):
+            if name not in self.adapters:
+                self._add_adapter(name)
+            self._load_adapter(name, checkpoints[-1])
+
+    def _load_adapter(self, name: str, ckpt: Path) -> None:
+        state = load_file(str(ckpt / "adapters" / name / ADAPTER_FILE))
+        set_peft_model_state_dict(self.model, state, adapter_name=name)
+
+
+def _adapter_order(name: str) -> tuple[int, str]:
+    suffix = name.rsplit("_", 1)[-1]
+    return (int(suffix) if suffix.isdigit() else -1, name)

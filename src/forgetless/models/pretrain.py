@@ -1,0 +1,110 @@
+"""Pretraining the tiny base model on the base-capability mixture, cached by config hash."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+
+from forgetless.config.schema import ModelConfig
+from forgetless.eval.scoring import evaluate_task
+from forgetless.methods.base import RunInfo, TaskContext, create_method
+from forgetless.methods.seq_ft import SeqFTConfig
+from forgetless.models.tiny import build_char_tokenizer, build_tiny_model
+from forgetless.tasks.base import Task
+from forgetless.tasks.builtin import build_builtin_task
+from forgetless.tasks.formatting import encode_example
+from forgetless.training.checkpoint import atomic_dir, atomic_write_json
+from forgetless.training.loop import StepLoop, TrainPlan
+from forgetless.training.progress import Progress
+
+SUITE_VERSION = 1
+PRETRAIN_EVAL = 100
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("FORGETLESS_CACHE", Path.home() / ".cache" / "forgetless"))
+
+
+def base_fingerprint(cfg: ModelConfig) -> str:
+    payload = {
+        "tiny": cfg.tiny.model_dump(),
+        "pretrain": cfg.pretrain.model_dump(),
+        "suite": SUITE_VERSION,
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def cached_base_dir(cfg: ModelConfig) -> Path:
+    return cache_root() / "base" / base_fingerprint(cfg)
+
+
+def ensure_base_model(cfg: ModelConfig, console: Console, progress: bool = True) -> Path:
+    """The cached pretrained tiny base for ``cfg``, pretraining it first when absent."""
+    folder = cached_base_dir(cfg)
+    if (folder / "pretrain.json").is_file():
+        return folder
+    console.print(f"[bold]Pretraining the tiny base model[/] (cached in {folder})")
+    pretrain_base(cfg, folder, console, progress)
+    return folder
+
+
+def _mixture(cfg: ModelConfig) -> tuple[Task, list[Task]]:
+    p = cfg.pretrain
+    parts = [
+        build_builtin_task(name, n_train=p.n_train, n_eval=PRETRAIN_EVAL, seed=p.seed)
+        for name in p.tasks
+    ]
+    train = [example for task in parts for example in task.train]
+    mix = Task(
+        name="base-mixture", train=train, eval=parts[0].eval, description="pretraining mixture"
+    )
+    return mix, parts
+
+
+def pretrain_base(
+    cfg: ModelConfig, folder: Path, console: Console, progress: bool = True
+) -> dict[str, Any]:
+    """Build tokenizer and model under the seed, train on the mixture, save atomically."""
+    p = cfg.pretrain
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_model(cfg.tiny, vocab_size=len(tokenizer), seed=p.seed)
+    mix, parts = _mixture(cfg)
+    features = [encode_example(tokenizer, e, cfg.tiny.max_position) for e in mix.train]
+    info = RunInfo(
+        seed=p.seed, out_dir=folder, task_names=[mix.name], probe_names=[], finetune_mode="full"
+    )
+    ctx = TaskContext(info, 1, mix, model, tokenizer, features, [], torch.device("cpu"))
+    plan = TrainPlan(
+        steps=p.steps,
+        batch_size=p.batch_size,
+        lr=p.lr,
+        seed=p.seed,
+        warmup_steps=max(1, p.steps // 20),
+        scheduler="cosine",
+        weight_decay=0.01,
+    )
+    with Progress(console, enabled=progress) as bars:
+        loop = StepLoop(
+            model, create_method(SeqFTConfig(name="seq_ft")), ctx, tokenizer.pad_token_id, bars
+        )
+        stats = loop.run(features, plan, label="pretrain")
+    accuracy = {t.name: evaluate_task(model, tokenizer, t, 128).accuracy for t in parts}
+    report = {
+        "fingerprint": base_fingerprint(cfg),
+        "accuracy": accuracy,
+        "train": stats.as_dict(),
+        "config": {"tiny": cfg.tiny.model_dump(), "pretrain": p.model_dump()},
+    }
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_dir(folder) as tmp:
+        model.save_pretrained(str(tmp))
+        tokenizer.save_pretrained(str(tmp))
+        atomic_write_json(tmp / "pretrain.json", report)
+    console.print("base accuracy: " + ", ".join(f"{k} {v:.2f}" for k, v in accuracy.items()))
+    return report

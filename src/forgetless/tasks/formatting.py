@@ -1,0 +1,72 @@
+"""Examples to token ids: the chat template when there is one, completion-only labels."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from forgetless.tasks.base import Example
+
+Features = dict[str, list[int]]
+IGNORE_INDEX = -100
+
+
+def _chat_messages(example: Example) -> list[dict[str, str]]:
+    if example.messages is not None:
+        return [dict(m) for m in example.messages]
+    return [
+        {"role": "user", "content": example.prompt},
+        {"role": "assistant", "content": example.completion},
+    ]
+
+
+def _ids(tokenizer: Any, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def _chat_ids(tokenizer: Any, messages: list[dict[str, str]], generation_prompt: bool) -> list[int]:
+    out = tokenizer.apply_chat_template(
+        messages, tokenize=True, add_generation_prompt=generation_prompt, return_dict=True
+    )
+    return list(out["input_ids"])
+
+
+def encode_prompt(tokenizer: Any, example: Example) -> list[int]:
+    """The ids the model is given at evaluation time (ends with the generation prompt)."""
+    if getattr(tokenizer, "chat_template", None):
+        return _chat_ids(tokenizer, _chat_messages(example)[:-1], generation_prompt=True)
+    return _ids(tokenizer, example.prompt)
+
+
+def encode_example(tokenizer: Any, example: Example, max_length: int) -> Features:
+    """Prompt + completion ids with labels masked to -100 on the prompt (completion-only loss).
+
+    With a chat template, the completion is whatever the template appends for the assistant turn
+    (its end-of-turn marker included); otherwise it is the completion text plus EOS.
+    """
+    prompt = encode_prompt(tokenizer, example)
+    if getattr(tokenizer, "chat_template", None):
+        full = _chat_ids(tokenizer, _chat_messages(example), generation_prompt=False)
+        if full[: len(prompt)] != prompt:
+            raise ValueError("the chat template renders the prompt differently with the answer")
+        completion = full[len(prompt) :]
+    else:
+        completion = [*_ids(tokenizer, example.completion), tokenizer.eos_token_id]
+    ids = (prompt + completion)[:max_length]
+    labels = ([IGNORE_INDEX] * len(prompt) + completion)[:max_length]
+    return {"input_ids": ids, "labels": labels}
+
+
+def collate(features: list[Features], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-pad a list of features into input_ids / attention_mask / labels tensors."""
+    width = max(len(f["input_ids"]) for f in features)
+    ids = torch.full((len(features), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(features), width), IGNORE_INDEX, dtype=torch.long)
+    mask = torch.zeros((len(features), width), dtype=torch.long)
+    for row, feat in enumerate(features):
+        n = len(feat["input_ids"])
+        ids[row, :n] = torch.tensor(feat["input_ids"])
+        labels[row, :n] = torch.tensor(feat["labels"])
+        mask[row, :n] = 1
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}

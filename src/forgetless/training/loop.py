@@ -1,0 +1,216 @@
+"""The one step loop. Every method's per-step hooks are called here; methods never fork it."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import get_scheduler
+
+from forgetless.errors import TrainingError
+from forgetless.methods.base import Batch, Capability, LossFn, Method, StepContext, TaskContext
+from forgetless.tasks.formatting import IGNORE_INDEX, Features, collate
+from forgetless.training.progress import Progress
+from forgetless.training.resources import peak_memory_mb
+
+
+@dataclass(frozen=True)
+class TrainPlan:
+    """The resolved training budget of one task (or one inner stage)."""
+
+    steps: int
+    batch_size: int
+    lr: float
+    seed: int
+    grad_accum: int = 1
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    scheduler: str = "constant"
+    max_grad_norm: float | None = 1.0
+
+
+@dataclass
+class TrainStats:
+    steps: int = 0
+    seconds: float = 0.0
+    tokens: int = 0
+    final_loss: float = float("nan")
+    loss_terms: dict[str, float] = field(default_factory=dict)
+    peak_memory_mb: float = 0.0
+
+    @property
+    def steps_per_second(self) -> float:
+        return self.steps / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "steps": self.steps,
+            "train_seconds": round(self.seconds, 3),
+            "steps_per_second": round(self.steps_per_second, 3),
+            "tokens_per_second": round(self.tokens_per_second, 1),
+            "final_loss": self.final_loss,
+            "loss_terms": self.loss_terms,
+            "peak_memory_mb": round(self.peak_memory_mb, 1),
+        }
+
+
+def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy over the labelled (completion) positions."""
+    shifted = logits[:, :-1].reshape(-1, logits.size(-1)).float()
+    return F.cross_entropy(shifted, labels[:, 1:].reshape(-1), ignore_index=IGNORE_INDEX)
+
+
+def batches(features: list[Features], batch_size: int, seed: int) -> Iterator[list[Features]]:
+    """Endless seeded micro-batches, reshuffled every epoch (drop-last when over one batch)."""
+    generator = torch.Generator().manual_seed(seed)
+    while True:
+        order = torch.randperm(len(features), generator=generator).tolist()
+        stop = len(order) - len(order) % batch_size if len(order) >= batch_size else len(order)
+        for start in range(0, stop, batch_size):
+            yield [features[i] for i in order[start : start + batch_size]]
+
+
+def steps_for_epochs(n_examples: int, batch_size: int, grad_accum: int, epochs: float) -> int:
+    per_epoch = max(1, n_examples // (batch_size * grad_accum))
+    return max(1, math.ceil(per_epoch * epochs))
+
+
+@dataclass
+class StepLoop:
+    """Runs ``plan.steps`` optimizer steps of ``model`` on ``features`` with a method's hooks."""
+
+    model: nn.Module
+    method: Method
+    ctx: TaskContext
+    pad_id: int
+    progress: Progress | None = None
+
+    def run(
+        self,
+        features: list[Features],
+        plan: TrainPlan,
+        loss_fn: LossFn | None = None,
+        label: str = "train",
+    ) -> TrainStats:
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        if not params:
+            raise TrainingError(
+                f"task {self.ctx.task.name!r}: the model has no trainable parameter"
+            )
+        optimizer = torch.optim.AdamW(params, lr=plan.lr, weight_decay=plan.weight_decay)
+        scheduler = get_scheduler(plan.scheduler, optimizer, plan.warmup_steps, plan.steps)
+        stream = batches(features, plan.batch_size, plan.seed)
+        stats, sums = TrainStats(), {}  # type: ignore[var-annotated]
+        self.model.train()
+        start = time.perf_counter()
+        with self._bar(label, plan.steps) as advance:
+            for step in range(plan.steps):
+                sctx = StepContext(task=self.ctx, step=step, total_steps=plan.steps)
+                loss, terms, tokens = self._step(stream, plan, optimizer, sctx, loss_fn)
+                scheduler.step()
+                stats.tokens += tokens
+                for name, value in terms.items():
+                    sums[name] = sums.get(name, 0.0) + value
+                stats.final_loss = loss
+                advance(loss)
+        stats.steps, stats.seconds = plan.steps, time.perf_counter() - start
+        stats.loss_terms = {k: v / plan.steps for k, v in sums.items()}
+        stats.peak_memory_mb = peak_memory_mb()
+        self.model.eval()
+        return stats
+
+    def _bar(self, label: str, total: int) -> Any:
+        if self.progress is None:
+            return _NullBar()
+        return self.progress.task(f"{label} {self.ctx.task.name}", total)
+
+    def _step(
+        self,
+        stream: Iterator[list[Features]],
+        plan: TrainPlan,
+        optimizer: torch.optim.Optimizer,
+        sctx: StepContext,
+        loss_fn: LossFn | None,
+    ) -> tuple[float, dict[str, float], int]:
+        logged: dict[str, float] = {}
+        tokens, total_value = 0, 0.0
+        for _ in range(plan.grad_accum):
+            feats = next(stream)
+            if self.method.uses(Capability.BATCH_TRANSFORM):
+                feats = self.method.transform_batch(feats, sctx)
+            batch = {k: v.to(self.ctx.device) for k, v in collate(feats, self.pad_id).items()}
+            total, terms = self._loss(batch, sctx, loss_fn)
+            (total / plan.grad_accum).backward()
+            tokens += int(batch["attention_mask"].sum())
+            total_value += float(total.detach()) / plan.grad_accum
+            for name, value in terms.items():
+                logged[name] = logged.get(name, 0.0) + value / plan.grad_accum
+        self._check_gradients(sctx)
+        if plan.max_grad_norm is not None:
+            nn.utils.clip_grad_norm_(self._trainable(), plan.max_grad_norm)
+        pre_step = self._snapshot() if self.method.uses(Capability.UPDATE_GATE) else None
+        optimizer.step()
+        if pre_step is not None:
+            with torch.no_grad():
+                self.method.gate_update(self.model, pre_step, sctx)
+        optimizer.zero_grad(set_to_none=True)
+        return total_value, logged, tokens
+
+    def _loss(
+        self, batch: Batch, sctx: StepContext, loss_fn: LossFn | None
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        outputs = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+        if loss_fn is not None:
+            task_loss = loss_fn(batch, outputs, sctx)
+        elif self.method.uses(Capability.REPLACE_LOSS):
+            task_loss = self.method.task_loss(batch, outputs, sctx)
+        else:
+            task_loss = causal_lm_loss(outputs.logits, batch["labels"])
+        terms = {"task": task_loss}
+        if self.method.uses(Capability.LOSS_TERMS):
+            extra = self.method.loss_terms(batch, outputs, sctx)
+            clash = set(extra) & {"task"}
+            if clash:
+                raise TrainingError(
+                    f"method {self.method.name!r} returned a reserved loss name 'task'"
+                )
+            terms.update(extra)
+        for name, value in terms.items():
+            if not torch.isfinite(value).all():
+                raise TrainingError(
+                    f"task {self.ctx.task.name!r} step {sctx.step}: "
+                    f"loss term {name!r} is {float(value.detach())}"
+                )
+        total = torch.stack([t.reshape(()) for t in terms.values()]).sum()
+        return total, {k: float(v.detach()) for k, v in terms.items()}
+
+    def _check_gradients(self, sctx: StepContext) -> None:
+        grads = [p.grad for p in self._trainable() if p.grad is not None]
+        if grads and not all(torch.isfinite(g).all() for g in grads):
+            raise TrainingError(
+                f"task {self.ctx.task.name!r} step {sctx.step}: non-finite gradient"
+            )
+
+    def _trainable(self) -> list[nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def _snapshot(self) -> dict[str, torch.Tensor]:
+        return {n: p.detach().clone() for n, p in self.model.named_parameters() if p.requires_grad}
+
+
+class _NullBar:
+    def __enter__(self) -> Any:
+        return lambda loss: None
+
+    def __exit__(self, *exc: object) -> None:
+        return None

@@ -1,0 +1,90 @@
+"""The results file: accuracy matrix, probes, drift, per-task stats and metrics (schema in docs)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from forgetless.errors import ConfigError
+from forgetless.eval.metrics import summarize
+from forgetless.training.checkpoint import atomic_write_json
+
+SCHEMA_VERSION = 1
+RESULTS_FILE = "results.json"
+
+
+@dataclass
+class Results:
+    """Grows one row per finished task; row 0 is the model before any training."""
+
+    config: dict[str, Any]
+    tasks: list[str]
+    probes: list[str]
+    accuracy: list[list[float]] = field(default_factory=list)
+    probe_accuracy: list[list[float]] = field(default_factory=list)
+    kl_base_to_model: list[float | None] = field(default_factory=list)
+    kl_model_to_base: list[float | None] = field(default_factory=list)
+    per_task: list[dict[str, Any]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def completed_tasks(self) -> int:
+        return max(0, len(self.accuracy) - 1)
+
+    def metrics(self) -> dict[str, Any]:
+        """Metrics over the rows so far (a partial run is summarised over its finished tasks)."""
+        done = self.completed_tasks
+        if done == 0:
+            return {}
+        matrix = [row[:done] for row in self.accuracy]
+        base_probes = self.probe_accuracy[0] if self.probe_accuracy else []
+        now_probes = self.probe_accuracy[-1] if self.probe_accuracy else []
+        out: dict[str, Any] = summarize(matrix, base_probes, now_probes)
+        out["kl_drift"] = {
+            "base_to_model": self.kl_base_to_model[-1],
+            "model_to_base": self.kl_model_to_base[-1],
+        }
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "status": "complete" if self.completed_tasks == len(self.tasks) else "running",
+            "completed_tasks": self.completed_tasks,
+            "config": self.config,
+            "tasks": self.tasks,
+            "probes": self.probes,
+            "rows": ["base"] + [f"after {t}" for t in self.tasks[: self.completed_tasks]],
+            "accuracy_matrix": self.accuracy,
+            "probe_accuracy": self.probe_accuracy,
+            "kl_drift": {
+                "base_to_model": self.kl_base_to_model,
+                "model_to_base": self.kl_model_to_base,
+            },
+            "metrics": self.metrics(),
+            "per_task": self.per_task,
+            "events": self.events,
+        }
+
+    def write(self, out_dir: Path) -> None:
+        atomic_write_json(out_dir / RESULTS_FILE, self.to_json())
+
+    @classmethod
+    def read(cls, path: Path) -> Results:
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"{path}: unreadable results file ({err.msg})") from None
+        return cls(
+            config=data["config"],
+            tasks=data["tasks"],
+            probes=data["probes"],
+            accuracy=data["accuracy_matrix"],
+            probe_accuracy=data["probe_accuracy"],
+            kl_base_to_model=data["kl_drift"]["base_to_model"],
+            kl_model_to_base=data["kl_drift"]["model_to_base"],
+            per_task=data["per_task"],
+            events=data.get("events", []),
+        )

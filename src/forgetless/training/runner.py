@@ -1,0 +1,291 @@
+"""The continual runner: walks the sequence, evaluates after each task, checkpoints, resumes."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+from rich.console import Console
+from torch import nn
+
+from forgetless.config.loading import dump_config
+from forgetless.config.schema import RunConfig, TaskConfig
+from forgetless.errors import ConfigError
+from forgetless.eval.scoring import EvalResult, completion_logprobs, evaluate_task, kl_drift
+from forgetless.methods.base import (
+    Capability,
+    Method,
+    RunInfo,
+    Stage,
+    TaskContext,
+    TaskEndContext,
+    create_method,
+)
+from forgetless.models.adapters import Finetuner
+from forgetless.models.loading import load_model_and_tokenizer
+from forgetless.models.pretrain import ensure_base_model
+from forgetless.tasks.base import Task
+from forgetless.tasks.formatting import Features, encode_example
+from forgetless.tasks.loaders import build_task
+from forgetless.training.checkpoint import (
+    atomic_dir,
+    atomic_write_text,
+    load_method_state,
+    save_method_state,
+)
+from forgetless.training.loop import StepLoop, TrainPlan, TrainStats, steps_for_epochs
+from forgetless.training.progress import Progress
+from forgetless.training.results import RESULTS_FILE, Results
+
+CONFIG_FILE = "config.yaml"
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def task_seed(seed: int, index: int) -> int:
+    """Each task trains under its own seed, so a resumed run replays what a full run does."""
+    return seed * 1000 + index
+
+
+def checkpoint_dir(out_dir: Path, index: int, name: str) -> Path:
+    return out_dir / "checkpoints" / f"task-{index:02d}-{name}"
+
+
+def config_differences(old: Any, new: Any, prefix: str = "") -> list[str]:
+    """Dotted paths at which two resolved configs differ."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        keys = sorted(set(old) | set(new))
+        return [
+            d for k in keys for d in config_differences(old.get(k), new.get(k), f"{prefix}{k}.")
+        ]
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+        return [
+            d
+            for i, (a, b) in enumerate(zip(old, new, strict=True))
+            for d in config_differences(a, b, f"{prefix}{i}.")
+        ]
+    return [] if old == new else [prefix.rstrip(".")]
+
+
+def load_tasks(configs: list[TaskConfig], cfg: RunConfig) -> list[Task]:
+    return [build_task(t, cfg.eval, cfg.seed) for t in configs]
+
+
+@dataclass
+class Runner:
+    """Runs ``cfg`` into ``out_dir``; running again into the same folder resumes it."""
+
+    cfg: RunConfig
+    out_dir: Path
+    console: Console = field(default_factory=Console)
+    progress: bool = True
+    allow_config_change: bool = False
+    method: Method | None = None
+    """A method instance to use instead of building one from ``cfg.method`` (tests, notebooks)."""
+
+    def run(self) -> Results:
+        cfg = self.cfg
+        torch.set_flush_denormal(True)
+        tasks, probes = load_tasks(cfg.tasks, cfg), load_tasks(cfg.probes, cfg)
+        self.active: Method = self.method or create_method(cfg.method)
+        source = (
+            None
+            if cfg.model.name_or_path
+            else str(ensure_base_model(cfg.model, self.console, self.progress))
+        )
+        model, self.tokenizer = load_model_and_tokenizer(cfg.model, source)
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        model.to(self.device)  # type: ignore[arg-type]
+        results = self._prepare_out_dir(tasks, probes)
+        self.tasks, self.probes = tasks, probes
+        self.finetuner = Finetuner(model, cfg.finetune)
+        self.base_logprobs = self._probe_logprobs(model) if cfg.eval.kl_drift and probes else None
+        if results.completed_tasks:
+            self._restore(results.completed_tasks)
+        with Progress(self.console, enabled=self.progress) as self.bars:
+            if not results.accuracy:
+                self._record_row(results, self.finetuner.model)
+                results.write(self.out_dir)
+            for index in range(results.completed_tasks + 1, len(tasks) + 1):
+                self._run_task(index, results)
+        return results
+
+    def _prepare_out_dir(self, tasks: list[Task], probes: list[Task]) -> Results:
+        resolved = self.cfg.model_dump(mode="json")
+        config_path, results_path = self.out_dir / CONFIG_FILE, self.out_dir / RESULTS_FILE
+        if config_path.is_file():
+            stored = yaml.safe_load(config_path.read_text(encoding="utf-8"))
+            changed = config_differences(stored, resolved)
+            if changed and not self.allow_config_change:
+                raise ConfigError(
+                    f"{config_path}: stored config differs at {', '.join(changed)}; "
+                    "use another --out or --allow-config-change"
+                )
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(config_path, dump_config(self.cfg))
+        if results_path.is_file():
+            results = Results.read(results_path)
+            results.config = resolved
+            if results.completed_tasks:
+                self.console.print(f"Resuming after task {results.completed_tasks} of {len(tasks)}")
+            return results
+        return Results(
+            config=resolved, tasks=[t.name for t in tasks], probes=[p.name for p in probes]
+        )
+
+    def _restore(self, completed: int) -> None:
+        ckpts = [
+            checkpoint_dir(self.out_dir, i, t.name)
+            for i, t in enumerate(self.tasks[:completed], start=1)
+        ]
+        missing = [str(c) for c in ckpts if not c.is_dir()]
+        if missing:
+            raise ConfigError(f"cannot resume: checkpoint missing: {missing[0]}")
+        self.finetuner.restore(ckpts)
+        self.active.load_state_dict(load_method_state(ckpts[-1]))
+
+    def _probe_logprobs(self, model: nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        n, max_len = self.cfg.eval.kl_examples, self.cfg.train.max_length
+        return [
+            completion_logprobs(model, self.tokenizer, p.eval[:n], max_len) for p in self.probes
+        ]
+
+    def _evaluate(self, model: nn.Module) -> dict[str, EvalResult]:
+        everything = [*self.tasks, *self.probes]
+        out = {}
+        with self.bars.task("evaluate", len(everything)) as advance:
+            for task in everything:
+                out[task.name] = evaluate_task(
+                    model, self.tokenizer, task, self.cfg.eval.batch_size
+                )
+                advance(None)
+        return out
+
+    def _record_row(self, results: Results, model: nn.Module) -> dict[str, EvalResult]:
+        evals = self._evaluate(model)
+        results.accuracy.append([evals[t.name].accuracy for t in self.tasks])
+        results.probe_accuracy.append([evals[p.name].accuracy for p in self.probes])
+        drift: tuple[float | None, float | None] = (None, None)
+        if self.base_logprobs is not None:
+            now = self._probe_logprobs(model)
+            pairs = [kl_drift(b, n) for b, n in zip(self.base_logprobs, now, strict=True)]
+            drift = (float(np.mean([p[0] for p in pairs])), float(np.mean([p[1] for p in pairs])))
+        results.kl_base_to_model.append(drift[0])
+        results.kl_model_to_base.append(drift[1])
+        return evals
+
+    def _plan(self, index: int, task_cfg: TaskConfig, n_examples: int) -> TrainPlan:
+        t, o = self.cfg.train, task_cfg.train
+        batch_size = o.batch_size or t.batch_size
+        epochs = o.epochs or (None if o.steps else t.epochs)
+        steps = o.steps or t.steps or 1
+        if epochs is not None:
+            steps = steps_for_epochs(n_examples, batch_size, t.grad_accum, epochs)
+        return TrainPlan(
+            steps=steps,
+            batch_size=batch_size,
+            lr=o.lr or t.lr,
+            seed=task_seed(self.cfg.seed, index),
+            grad_accum=t.grad_accum,
+            weight_decay=t.weight_decay,
+            warmup_steps=t.warmup_steps,
+            scheduler=t.scheduler,
+            max_grad_norm=t.max_grad_norm,
+        )
+
+    def _context(self, index: int, features: list[Features]) -> TaskContext:
+        info = RunInfo(
+            seed=self.cfg.seed,
+            out_dir=self.out_dir,
+            task_names=[t.name for t in self.tasks],
+            probe_names=[p.name for p in self.probes],
+            finetune_mode=self.cfg.finetune.mode,
+        )
+        return TaskContext(
+            info,
+            index,
+            self.tasks[index - 1],
+            self.finetuner.model,
+            self.tokenizer,
+            features,
+            self.tasks[: index - 1],
+            self.device,
+        )
+
+    def _run_task(self, index: int, results: Results) -> None:
+        task, method = self.tasks[index - 1], self.active
+        seed_everything(task_seed(self.cfg.seed, index))
+        self.finetuner.begin_task(index)
+        self.finetuner.model.to(self.device)
+        features = [
+            encode_example(self.tokenizer, e, self.cfg.train.max_length) for e in task.train
+        ]
+        ctx = self._context(index, features)
+        plan = self._plan(index, self.cfg.tasks[index - 1], len(features))
+        if method.uses(Capability.TASK_START):
+            method.on_task_start(ctx)
+        handles = method.register_hooks(ctx) if method.uses(Capability.ACTIVATION_HOOKS) else []
+        try:
+            stats = self._train(ctx, plan, method)
+        finally:
+            for handle in handles:
+                handle.remove()
+        final = checkpoint_dir(self.out_dir, index, task.name)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_dir(final) as tmp:
+            self.finetuner.save(tmp)
+            self.finetuner.end_task()
+            ctx.model = self.finetuner.model
+            eval_model = (
+                method.transform_model(ctx.model, ctx)
+                if method.uses(Capability.MODEL_TRANSFORM)
+                else ctx.model
+            )
+            evals = self._record_row(results, eval_model)
+            if method.uses(Capability.TASK_END):
+                method.on_task_end(TaskEndContext(ctx, evals, stats))
+            save_method_state(tmp, method.state_dict())
+        results.per_task.append({"task": task.name, **stats.as_dict()})
+        results.write(self.out_dir)
+        self._report_task(index, stats, results)
+
+    def _train(self, ctx: TaskContext, plan: TrainPlan, method: Method) -> TrainStats:
+        loop = StepLoop(ctx.model, method, ctx, self.tokenizer.pad_token_id, self.bars)
+        if not method.uses(Capability.TRAIN_STAGE):
+            return loop.run(ctx.train_features, plan)
+
+        def sft(
+            features: list[Features] | None = None,
+            loss_fn: Any = None,
+            steps: int | None = None,
+            lr: float | None = None,
+            label: str = "train",
+        ) -> TrainStats:
+            sub = TrainPlan(**{**plan.__dict__, "steps": steps or plan.steps, "lr": lr or plan.lr})
+            return loop.run(
+                features if features is not None else ctx.train_features, sub, loss_fn, label
+            )
+
+        return method.train_task(Stage(ctx=ctx, sft=sft, out_dir=self.out_dir))
+
+    def _report_task(self, index: int, stats: TrainStats, results: Results) -> None:
+        row = results.accuracy[-1]
+        accs = ", ".join(f"{t} {a:.2f}" for t, a in zip(results.tasks, row, strict=True))
+        probes = ", ".join(
+            f"{p} {a:.2f}" for p, a in zip(results.probes, results.probe_accuracy[-1], strict=True)
+        )
+        self.console.print(
+            f"[bold]task {index}/{len(self.tasks)} {self.tasks[index - 1].name}[/]: "
+            f"{stats.steps} steps in "
+            f"{stats.seconds:.1f}s ({stats.steps_per_second:.1f}/s) | tasks: {accs}"
+            + (f" | probes: {probes}" if probes else "")
+        )

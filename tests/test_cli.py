@@ -1,0 +1,97 @@
+"""Bad input at the command line: one line naming the place, exit code 2, nothing written."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import tiny_run_config
+
+from forgetless.cli.app import main
+
+
+def invoke(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *args: str
+) -> tuple[int, str]:
+    monkeypatch.setattr(sys, "argv", ["forgetless", *args])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    err = capsys.readouterr().err.strip()
+    return int(exit_info.value.code or 0), err
+
+
+def write_config(path: Path, data: dict) -> Path:  # type: ignore[type-arg]
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    return path
+
+
+def _cases(tmp_path: Path, model_dir: Path) -> dict[str, tuple[Path, str]]:
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"prompt": "a", "completion": "b"}\n{"prompt": \n', encoding="utf-8")
+    malformed = tmp_path / "malformed.yaml"
+    malformed.write_text("train: {lr: [\n", encoding="utf-8")
+    return {
+        "malformed": (malformed, "malformed.yaml:"),
+        "bad_field": (
+            write_config(tmp_path / "f.yaml", tiny_run_config(model_dir, train={"lr": -1})),
+            "train.lr",
+        ),
+        "broken_jsonl": (
+            write_config(
+                tmp_path / "j.yaml",
+                tiny_run_config(model_dir, tasks=[{"jsonl": {"train": str(broken)}}]),
+            ),
+            "broken.jsonl:2: invalid JSON",
+        ),
+        "unknown_method": (
+            write_config(tmp_path / "m.yaml", tiny_run_config(model_dir, method={"name": "nope"})),
+            "unknown method 'nope'",
+        ),
+        "missing_model": (
+            write_config(tmp_path / "p.yaml", tiny_run_config(tmp_path / "no-such-model")),
+            "model.name_or_path: no such folder",
+        ),
+    }
+
+
+@pytest.mark.parametrize(
+    "case", ["malformed", "bad_field", "broken_jsonl", "unknown_method", "missing_model"]
+)
+def test_bad_input_is_one_line_exit_2_and_no_results(
+    case: str,
+    tmp_path: Path,
+    tiny_model_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    config, expected = _cases(tmp_path, tiny_model_dir)[case]
+    out = tmp_path / "out"
+    code, err = invoke(monkeypatch, capsys, "run", str(config), "--out", str(out), "--quiet")
+    assert code == 2
+    assert err.startswith("error: ") and "\n" not in err and expected in err
+    assert not (out / "results.json").exists()
+
+
+def test_validate_runs_nothing(
+    tmp_path: Path,
+    tiny_model_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    config = write_config(tmp_path / "ok.yaml", tiny_run_config(tiny_model_dir))
+    monkeypatch.setattr(sys, "argv", ["forgetless", "validate", str(config)])
+    main()
+    assert "ok:" in capsys.readouterr().out
+    code, err = invoke(monkeypatch, capsys, "validate", str(config), "--set", "method.name=nope")
+    assert code == 2 and "unknown method" in err
+
+
+def test_listing_commands(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for command, expected in [("methods", "seq_ft"), ("tasks", "wordprob")]:
+        monkeypatch.setattr(sys, "argv", ["forgetless", command])
+        main()
+        assert expected in capsys.readouterr().out

@@ -1,0 +1,76 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from forgetless.config.demo import demo_config_dict
+from forgetless.config.loading import apply_override, load_config, validate_config
+from forgetless.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_demo_config_is_valid() -> None:
+    cfg = validate_config(demo_config_dict())
+    assert [t.display_name for t in cfg.tasks] == ["reverse", "cipher", "bracket"]
+    assert cfg.method.name == "seq_ft"
+
+
+def test_overrides_apply_before_validation() -> None:
+    cfg = load_config(
+        None, ["train.lr=1e-4", "tasks.0=count", "finetune.lora.r=4", "finetune.mode=lora"]
+    )
+    assert cfg.train.lr == pytest.approx(1e-4)
+    assert cfg.tasks[0].builtin == "count"
+    assert cfg.finetune.lora.r == 4
+
+
+@pytest.mark.parametrize("bad", ["train.lr", "tasks.9=x", "=3"])
+def test_malformed_override_is_a_config_error(bad: str) -> None:
+    with pytest.raises(ConfigError, match="override"):
+        apply_override({"tasks": ["a"]}, bad)
+
+
+def test_error_names_the_field_on_one_line() -> None:
+    data = demo_config_dict()
+    data["train"]["lr"] = "fast"
+    data["train"]["batch_size"] = 0
+    with pytest.raises(ConfigError) as info:
+        validate_config(data, "x.yaml")
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith("x.yaml: ")
+    assert "train.lr" in message and "train.batch_size" in message
+
+
+def test_unknown_key_and_unknown_method_are_rejected() -> None:
+    data = demo_config_dict() | {"trian": {}}
+    with pytest.raises(ConfigError, match="trian"):
+        validate_config(data)
+    data = demo_config_dict() | {"method": {"name": "magic"}}
+    with pytest.raises(ConfigError, match=r"unknown method 'magic'; known: .*seq_ft"):
+        validate_config(data)
+
+
+def test_task_needs_exactly_one_source_and_unique_names() -> None:
+    with pytest.raises(ConfigError, match="exactly one of builtin, jsonl, hf"):
+        validate_config({"tasks": [{"builtin": "copy", "jsonl": {"train": "a.jsonl"}}]})
+    with pytest.raises(ConfigError, match="repeated: copy"):
+        validate_config({"tasks": ["copy"], "probes": ["copy"]})
+
+
+def test_yaml_errors_name_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("tasks: [reverse\nseed: 1\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"bad.yaml:\d+:\d+: invalid YAML"):
+        load_config(path)
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "missing.yaml")
+
+
+def test_example_configs_validate() -> None:
+    examples = sorted((ROOT / "examples").glob("*.yaml"))
+    assert examples, "examples/ must hold configs"
+    for path in examples:
+        load_config(path)

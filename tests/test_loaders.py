@@ -1,0 +1,99 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import write_jsonl
+
+from forgetless.config.schema import EvalConfig, TaskConfig
+from forgetless.errors import DataError
+from forgetless.tasks.loaders import build_task, read_jsonl
+
+RECORDS = [{"prompt": f"q{i}=", "completion": f"a{i}"} for i in range(20)]
+
+
+def test_jsonl_prompt_completion_and_split(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "qa.jsonl", RECORDS)
+    task = build_task(
+        TaskConfig(jsonl={"train": path, "eval_fraction": 0.25}), EvalConfig(), seed=0
+    )
+    assert task.name == "qa"
+    assert len(task.eval) == 5 and len(task.train) == 15
+    assert not {e.prompt for e in task.eval} & {e.prompt for e in task.train}
+
+
+def test_jsonl_chat_messages(tmp_path: Path) -> None:
+    record = {
+        "messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "hello"},
+        ]
+    }
+    (example,) = read_jsonl(write_jsonl(tmp_path / "chat.jsonl", [record]))
+    assert example.prompt == "hi" and example.completion == "hello"
+    assert example.messages is not None and len(example.messages) == 3
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('{"prompt": "a", "completion": ', r"bad.jsonl:2: invalid JSON"),
+        ('{"prompt": "a"}', r"bad.jsonl:2: needs string fields 'prompt' and 'completion'"),
+        ("[1, 2]", r"bad.jsonl:2: expected an object"),
+        (
+            '{"messages": [{"role": "user", "content": "x"}]}',
+            r"bad.jsonl:2: the last message must be",
+        ),
+    ],
+)
+def test_broken_jsonl_line_names_file_and_line(tmp_path: Path, line: str, message: str) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"prompt": "ok=", "completion": "1"}\n' + line + "\n", encoding="utf-8")
+    with pytest.raises(DataError, match=message):
+        read_jsonl(path)
+
+
+def test_missing_data_file(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="data file not found"):
+        read_jsonl(tmp_path / "nope.jsonl")
+
+
+def test_hf_dataset_from_local_json_with_column_mapping(tmp_path: Path) -> None:
+    records = [{"question": f"q{i}", "answer": f"a{i}"} for i in range(10)]
+    path = write_jsonl(tmp_path / "hf.jsonl", records)
+    cfg = TaskConfig(
+        hf={
+            "path": "json",
+            "data_files": str(path),
+            "prompt_column": "question",
+            "completion_column": "answer",
+            "eval_fraction": 0.2,
+        },
+        name="hfqa",
+    )
+    task = build_task(cfg, EvalConfig(), seed=0)
+    assert task.name == "hfqa" and len(task.eval) == 2 and len(task.train) == 8
+    assert task.train[0].prompt.startswith("q")
+
+
+def test_hf_dataset_saved_to_disk(tmp_path: Path) -> None:
+    import datasets
+
+    ds = datasets.DatasetDict(
+        {
+            "train": datasets.Dataset.from_list(RECORDS[:12]),
+            "test": datasets.Dataset.from_list(RECORDS[12:]),
+        }
+    )
+    ds.save_to_disk(str(tmp_path / "ds"))
+    cfg = TaskConfig(hf={"path": str(tmp_path / "ds"), "eval_split": "test"})
+    task = build_task(cfg, EvalConfig(), seed=0)
+    assert len(task.train) == 12 and len(task.eval) == 8
+
+
+def test_builtin_caps_and_unknown_builtin() -> None:
+    task = build_task(TaskConfig(builtin="reverse", n_train=10, n_eval=3), EvalConfig(), seed=0)
+    assert len(task.train) == 10 and len(task.eval) == 3
+    with pytest.raises(DataError, match="unknown built-in task 'nope'"):
+        build_task(TaskConfig(builtin="nope"), EvalConfig(), seed=0)
