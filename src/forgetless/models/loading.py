@@ -13,6 +13,7 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerFast,
 )
+from transformers.utils import logging as hf_logging
 
 from forgetless.config.schema import ModelConfig
 from forgetless.errors import ModelLoadError
@@ -69,6 +70,7 @@ def load_tokenizer(source: str, cfg: ModelConfig) -> Any:
 
 
 def load_model(source: str, cfg: ModelConfig) -> PreTrainedModel:
+    hf_logging.disable_progress_bar()  # forgetless draws its own bars
     kwargs: dict[str, Any] = {
         "dtype": DTYPES[cfg.dtype],
         "revision": cfg.revision,

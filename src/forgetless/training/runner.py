@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 import yaml
+from accelerate import PartialState
 from rich.console import Console
 from torch import nn
 
@@ -103,7 +104,7 @@ class Runner:
             else str(ensure_base_model(cfg.model, self.console, self.progress))
         )
         model, self.tokenizer = load_model_and_tokenizer(cfg.model, source)
-        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = PartialState().device  # accelerate picks the process's device
         model.to(self.device)  # type: ignore[arg-type]
         results = self._prepare_out_dir(tasks, probes)
         self.tasks, self.probes = tasks, probes
