@@ -209,6 +209,18 @@ class RunConfig(Strict):
         return value
 
     @model_validator(mode="after")
+    def _method_fits_finetune(self) -> RunConfig:
+        regimes = registered_methods()[self.method.name].lora_regimes
+        if regimes is None:
+            return self
+        if self.finetune.mode != "lora" or self.finetune.lora.regime not in regimes:
+            wanted = " or ".join(regimes)
+            raise ValueError(
+                f"method {self.method.name!r} needs finetune.mode lora with regime {wanted}"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _unique_names(self) -> RunConfig:
         names = [t.display_name for t in [*self.tasks, *self.probes]]
         dupes = sorted({n for n in names if names.count(n) > 1})

@@ -1,6 +1,8 @@
-"""Forgetting-control methods. Importing this package registers every built-in method."""
+"""Forgetting-control methods. Importing this package registers every method module in it."""
 
-from forgetless.methods import seq_ft
+import importlib
+import pkgutil
+
 from forgetless.methods.base import (
     Capability,
     Method,
@@ -11,6 +13,10 @@ from forgetless.methods.base import (
     registered_methods,
 )
 
+for _module in pkgutil.iter_modules(__path__):
+    if _module.name != "base" and not _module.name.startswith("_"):
+        importlib.import_module(f"{__name__}.{_module.name}")
+
 __all__ = [
     "Capability",
     "Method",
@@ -19,5 +25,4 @@ __all__ = [
     "method_class",
     "register_method",
     "registered_methods",
-    "seq_ft",
 ]

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from forgetless.eval.scoring import EvalResult
     from forgetless.tasks.base import Task
     from forgetless.tasks.formatting import Features
-    from forgetless.training.loop import TrainStats
+    from forgetless.training.loop import TrainPlan, TrainStats
 
 Batch = dict[str, torch.Tensor]
 LossFn = Callable[[Batch, Any, "StepContext"], torch.Tensor]
@@ -74,11 +74,16 @@ class RunInfo:
     task_names: list[str]
     probe_names: list[str]
     finetune_mode: str
+    max_length: int = 64
+    lora_regime: str | None = None
 
 
 @dataclass
 class TaskContext:
-    """The task being trained, with its tokenized training data (1-based ``task_index``)."""
+    """The task being trained, with its tokenized training data (1-based ``task_index``).
+
+    ``sequence`` is the whole task sequence (joint training needs the tasks still to come).
+    """
 
     run: RunInfo
     task_index: int
@@ -88,6 +93,7 @@ class TaskContext:
     train_features: list[Features]
     past_tasks: list[Task]
     device: torch.device
+    sequence: list[Task] = field(default_factory=list)
 
 
 @dataclass
@@ -120,7 +126,7 @@ class Stage:
     ctx: TaskContext
     sft: Callable[..., TrainStats]
     out_dir: Path
-    stats: list[TrainStats] = field(default_factory=list)
+    plan: TrainPlan
 
 
 class Method:
@@ -131,6 +137,8 @@ class Method:
     capabilities: ClassVar[frozenset[Capability]] = frozenset()
     reduce_ops: ClassVar[Mapping[str, ReduceOp]] = {}
     """How state tensors (by key prefix) are reduced across processes before they are saved."""
+    lora_regimes: ClassVar[tuple[str, ...] | None] = None
+    """When set, the method needs ``finetune.mode: lora`` with one of these regimes."""
 
     def __init__(self, config: MethodConfig) -> None:
         self.config = config

@@ -204,12 +204,15 @@ class Runner:
         )
 
     def _context(self, index: int, features: list[Features]) -> TaskContext:
+        lora = self.cfg.finetune.lora.regime if self.cfg.finetune.mode == "lora" else None
         info = RunInfo(
             seed=self.cfg.seed,
             out_dir=self.out_dir,
             task_names=[t.name for t in self.tasks],
             probe_names=[p.name for p in self.probes],
             finetune_mode=self.cfg.finetune.mode,
+            max_length=self.cfg.train.max_length,
+            lora_regime=lora,
         )
         return TaskContext(
             info,
@@ -220,6 +223,7 @@ class Runner:
             features,
             self.tasks[: index - 1],
             self.device,
+            sequence=list(self.tasks),
         )
 
     def _run_task(self, index: int, results: Results) -> None:
@@ -276,7 +280,7 @@ class Runner:
                 features if features is not None else ctx.train_features, sub, loss_fn, label
             )
 
-        return method.train_task(Stage(ctx=ctx, sft=sft, out_dir=self.out_dir))
+        return method.train_task(Stage(ctx=ctx, sft=sft, out_dir=self.out_dir, plan=plan))
 
     def _report_task(self, index: int, stats: TrainStats, results: Results) -> None:
         row = results.accuracy[-1]
