@@ -105,6 +105,76 @@ def pretrain(
     console.print(f"saved: {folder}")
 
 
+def split_variants(spec: str) -> list[str]:
+    """Split ``a,b@x=1,y=2,c`` into variants: a bare ``key=value`` belongs to the one before it."""
+    items: list[str] = []
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        if "=" in part and "@" not in part and items:
+            items[-1] += "," + part
+        else:
+            items.append(part)
+    return items
+
+
+@app.command()
+def bench(
+    config: ConfigArg = None,
+    methods: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(help="Variants, e.g. seq_ft,replay,kl_sft@beta=0.5; 'all' = every method."),
+    ] = None,
+    seeds: Annotated[Optional[int], typer.Option(help="Seeds per variant.")] = None,  # noqa: UP045
+    orders: Annotated[Optional[int], typer.Option(help="Task orders per seed.")] = None,  # noqa: UP045
+    out: Annotated[Optional[Path], typer.Option(help="Output folder (default runs/bench).")] = None,  # noqa: UP045
+    set_: SetOpt = None,
+    quiet: Annotated[bool, typer.Option(help="No progress bars.")] = False,
+) -> None:
+    """Run methods side by side on one sequence, seeds and budget; write bench.json + report."""
+    from forgetless.bench.runner import run_bench
+    from forgetless.bench.variants import BenchSection, parse_variant
+    from forgetless.config.demo import DEMO_BENCH_METHODS, demo_config_dict
+    from forgetless.config.loading import apply_override, read_yaml
+    from forgetless.methods import registered_methods
+    from forgetless.report.render import HEADERS, bench_table_rows, write_report
+
+    data = read_yaml(config) if config else demo_config_dict()
+    section = BenchSection.model_validate(data.pop("bench", None) or {})
+    for assignment in set_ or []:
+        apply_override(data, assignment)
+    if methods == "all":
+        variants = [parse_variant(name) for name in sorted(registered_methods())]
+    elif methods:
+        variants = [parse_variant(spec) for spec in split_variants(methods)]
+    else:
+        defaults = [m for m in DEMO_BENCH_METHODS if m in registered_methods()]
+        variants = section.variants or [parse_variant(m) for m in defaults]
+    out_dir = out or Path("runs") / "bench"
+    result = run_bench(
+        data,
+        variants,
+        seeds or section.seeds,
+        orders or section.orders,
+        out_dir,
+        console,
+        progress=not quiet,
+    )
+    table = Table(*HEADERS, title="Bench (mean ± 95% interval)")
+    for row in bench_table_rows(result["rows"]):
+        table.add_row(*row)
+    console.print(table)
+    _, html_path = write_report(out_dir)
+    console.print(f"bench: {out_dir / 'bench.json'}  report: {html_path}")
+
+
+@app.command()
+def report(folder: Annotated[Path, typer.Argument(help="A run or bench output folder.")]) -> None:
+    """Write report.md and a self-contained report.html (with plots) for a run or a bench."""
+    from forgetless.report.render import write_report
+
+    md_path, html_path = write_report(folder)
+    console.print(f"wrote {md_path} and {html_path}")
+
+
 def main() -> None:
     try:
         app(standalone_mode=False)

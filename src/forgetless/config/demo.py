@@ -6,6 +6,8 @@ from typing import Any
 
 DEMO_SEQUENCE = ["reverse", "cipher", "bracket"]
 DEMO_PROBES = ["copy", "upper", "facts", "add"]
+DEMO_BENCH_METHODS = ["seq_ft", "replay", "ewc", "kl_sft"]
+"""The bench demo's methods: the baseline and one of each family (those registered run)."""
 
 
 def demo_config_dict() -> dict[str, Any]:

@@ -1,0 +1,1 @@
+"""Side-by-side benchmarks of methods over seeds and task orders."""

@@ -1,0 +1,125 @@
+"""Run every variant over seeds and task orders on the same sequence and budget, then aggregate."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from forgetless.bench.stats import Interval, mean_interval
+from forgetless.bench.variants import Variant, run_folder_name, task_order
+from forgetless.config.loading import apply_override, validate_config
+from forgetless.config.schema import RunConfig
+from forgetless.methods import method_class
+from forgetless.training.checkpoint import atomic_write_json
+from forgetless.training.runner import Runner
+
+BENCH_FILE = "bench.json"
+METRICS = ["average_accuracy", "bwt", "fwt", "forgetting", "gain", "retention", "kl_drift"]
+NOT_FOR_JOINT = {"bwt", "fwt", "forgetting"}
+
+
+def folder_name(variant: str) -> str:
+    return variant.replace("/", "_").replace(" ", "_")
+
+
+def plan_runs(
+    base: dict[str, Any], variants: list[Variant], seeds: int, orders: int, out_dir: Path
+) -> list[tuple[Variant, Path, RunConfig]]:
+    """Every (variant, seed, order) config, validated before anything runs."""
+    planned = []
+    for variant in variants:
+        for seed in range(seeds):
+            for order in range(orders):
+                data = copy.deepcopy(base)
+                data["seed"], data["method"] = seed, copy.deepcopy(variant.method)
+                data["tasks"] = [
+                    data["tasks"][i] for i in task_order(len(data["tasks"]), seed, order)
+                ]
+                for assignment in variant.set:
+                    apply_override(data, assignment)
+                cfg = validate_config(data, f"variant {variant.name}")
+                folder = out_dir / folder_name(variant.name) / run_folder_name(seed, order, orders)
+                planned.append((variant, folder, cfg))
+    return planned
+
+
+def _run_summary(variant: Variant, folder: Path, results: dict[str, Any]) -> dict[str, Any]:
+    metrics = dict(results["metrics"])
+    metrics["kl_drift"] = (metrics.get("kl_drift") or {}).get("base_to_model")
+    return {
+        "variant": variant.name,
+        "folder": str(folder),
+        "seed": results["config"]["seed"],
+        "tasks": results["tasks"],
+        "metrics": metrics,
+        "train_seconds": sum(t["train_seconds"] for t in results["per_task"]),
+        "steps": sum(t["steps"] for t in results["per_task"]),
+    }
+
+
+def aggregate(runs: list[dict[str, Any]], variants: list[Variant]) -> list[dict[str, Any]]:
+    """Per variant: mean and 95% interval of each metric, budget, and time relative to seq_ft."""
+    rows = []
+    for variant in variants:
+        mine = [r for r in runs if r["variant"] == variant.name]
+        joint = getattr(method_class(variant.method["name"]), "joint_training", False)
+        row: dict[str, Any] = {
+            "variant": variant.name,
+            "method": variant.method["name"],
+            "runs": len(mine),
+            "joint_training": joint,
+        }
+        for key in METRICS:
+            interval = (
+                None
+                if joint and key in NOT_FOR_JOINT
+                else mean_interval([r["metrics"].get(key) for r in mine])
+            )
+            row[key] = interval.as_dict() if interval else None
+        for key in ("train_seconds", "steps"):
+            interval = mean_interval([r[key] for r in mine])
+            row[key] = interval.as_dict() if interval else None
+        rows.append(row)
+    reference = next((r for r in rows if r["variant"] == "seq_ft"), None)
+    for row in rows:
+        base = (
+            reference["train_seconds"]["mean"] if reference and reference["train_seconds"] else None
+        )
+        row["time_vs_seq_ft"] = row["train_seconds"]["mean"] / base if base else None
+    return rows
+
+
+def run_bench(
+    base: dict[str, Any],
+    variants: list[Variant],
+    seeds: int,
+    orders: int,
+    out_dir: Path,
+    console: Console,
+    progress: bool = True,
+) -> dict[str, Any]:
+    planned = plan_runs(base, variants, seeds, orders, out_dir)
+    runs = []
+    for number, (variant, folder, cfg) in enumerate(planned, start=1):
+        console.print(f"[bold]bench run {number}/{len(planned)}[/]: {variant.name} → {folder}")
+        results = Runner(cfg, folder, console, progress=progress).run().to_json()
+        runs.append(_run_summary(variant, folder, results))
+    bench = {
+        "schema_version": 1,
+        "seeds": seeds,
+        "orders": orders,
+        "variants": [v.model_dump() for v in variants],
+        "rows": aggregate(runs, variants),
+        "runs": runs,
+    }
+    atomic_write_json(out_dir / BENCH_FILE, bench)
+    return bench
+
+
+def interval_text(value: dict[str, Any] | None) -> str:
+    if value is None:
+        return "n/a"
+    return str(Interval(value["mean"], value["low"], value["high"], value["n"]))

@@ -1,0 +1,53 @@
+"""Bench variants: a method plus overrides under a name of its own (``kl_sft@beta=0.5``)."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from forgetless.errors import ConfigError
+
+
+class Variant(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(description="Name shown in tables and used as the output folder.")
+    method: dict[str, Any] = Field(description="The method config (its name and fields).")
+    set: list[str] = Field(default_factory=list, description="Extra overrides, key.path=value.")
+
+
+class BenchSection(BaseModel):
+    """The optional ``bench:`` section of a config file."""
+
+    model_config = ConfigDict(extra="forbid")
+    variants: list[Variant] = Field(default_factory=list, description="Named variants to compare.")
+    seeds: int = Field(3, ge=1, description="Seeds per variant.")
+    orders: int = Field(1, ge=1, description="Task orders per seed (order 0 is the config's).")
+
+
+def parse_variant(spec: str) -> Variant:
+    """``method`` or ``method@key=value,key.path=value``: bare keys are method fields."""
+    name, _, rest = spec.strip().partition("@")
+    if not name:
+        raise ConfigError(f"variant {spec!r}: missing method name")
+    method: dict[str, Any] = {"name": name}
+    extra: list[str] = []
+    for item in filter(None, rest.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"variant {spec!r}: {item!r} must look like key=value")
+        extra.append(f"{key}={value}" if "." in key else f"method.{key}={value}")
+    return Variant(name=spec.strip(), method=method, set=extra)
+
+
+def task_order(n_tasks: int, seed: int, order: int) -> list[int]:
+    """Order 0 keeps the config's order; order k > 0 is a permutation drawn under (seed, k)."""
+    indices = list(range(n_tasks))
+    if order > 0:
+        random.Random(f"forgetless-order/{seed}/{order}").shuffle(indices)
+    return indices
+
+
+def run_folder_name(seed: int, order: int, orders: int) -> str:
+    return f"s{seed}" if orders == 1 else f"s{seed}-o{order}"

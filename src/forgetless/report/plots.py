@@ -1,0 +1,139 @@
+"""Matplotlib figures for a run and a bench, written as PNG files (Agg backend, no display)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+
+
+def _save(fig: Any, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def accuracy_heatmap(results: dict[str, Any], path: Path) -> Path:
+    """Rows: base and after each task; columns: sequence tasks then probes."""
+    names = results["tasks"] + [f"{p}*" for p in results["probes"]]
+    probes = results["probe_accuracy"] or [[] for _ in results["accuracy_matrix"]]
+    matrix = np.array([r + p for r, p in zip(results["accuracy_matrix"], probes, strict=True)])
+    fig, ax = plt.subplots(figsize=(1.2 + 0.8 * len(names), 1.0 + 0.5 * len(matrix)))
+    image = ax.imshow(matrix, vmin=0, vmax=1, cmap="viridis", aspect="auto")
+    ax.set_xticks(range(len(names)), names, rotation=30, ha="right")
+    ax.set_yticks(range(len(matrix)), results["rows"])
+    for (i, j), value in np.ndenumerate(matrix):
+        ax.text(
+            j,
+            i,
+            f"{value:.2f}",
+            ha="center",
+            va="center",
+            color="white" if value < 0.6 else "black",
+        )
+    ax.set_title("Accuracy after each task (* = retention probe)")
+    fig.colorbar(image, ax=ax, fraction=0.04)
+    return _save(fig, path)
+
+
+def task_curves(results: dict[str, Any], path: Path) -> Path:
+    """Each task's and probe's accuracy along the sequence."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    x = range(len(results["rows"]))
+    for j, name in enumerate(results["tasks"]):
+        ax.plot(x, [row[j] for row in results["accuracy_matrix"]], marker="o", label=name)
+    for j, name in enumerate(results["probes"]):
+        ax.plot(
+            x,
+            [row[j] for row in results["probe_accuracy"]],
+            linestyle="--",
+            marker=".",
+            label=f"{name} (probe)",
+        )
+    ax.set_xticks(list(x), results["rows"], rotation=20, ha="right")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_ylabel("accuracy")
+    ax.set_title("Accuracy across the sequence")
+    ax.legend(fontsize=8, ncol=2)
+    return _save(fig, path)
+
+
+def forgetting_bars(results: dict[str, Any], path: Path) -> Path:
+    """Per task: best earlier accuracy minus final accuracy (Chaudhry et al. 2018)."""
+    matrix, done = results["accuracy_matrix"], results["completed_tasks"]
+    names = results["tasks"][: max(done - 1, 0)]
+    peaks = [max(matrix[row][j] for row in range(j + 1, done)) for j in range(len(names))]
+    values = [peak - matrix[done][j] for j, peak in enumerate(peaks)]
+    fig, ax = plt.subplots(figsize=(max(4, 1 + len(names)), 3.5))
+    ax.bar(names, values, color="tab:red")
+    ax.axhline(0, color="black", linewidth=0.8)
+    ax.set_ylabel("forgetting")
+    ax.set_title("Forgetting per task (earlier peak − final)")
+    return _save(fig, path)
+
+
+def kl_drift(results: dict[str, Any], path: Path) -> Path:
+    drift = results["kl_drift"]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    x = range(len(results["rows"]))
+    for key, label in [
+        ("base_to_model", "KL(base ‖ model)"),
+        ("model_to_base", "KL(model ‖ base)"),
+    ]:
+        ax.plot(x, [np.nan if v is None else v for v in drift[key]], marker="o", label=label)
+    ax.set_xticks(list(x), results["rows"], rotation=20, ha="right")
+    ax.set_ylabel("nats / token on probes")
+    ax.set_title("Output-space drift from the base model")
+    ax.legend()
+    return _save(fig, path)
+
+
+def pareto_front(points: list[tuple[float, float]]) -> list[int]:
+    """Indices of points not dominated in both coordinates (higher is better for both)."""
+    return [
+        i
+        for i, (x, y) in enumerate(points)
+        if not any((x2 >= x and y2 >= y) and (x2 > x or y2 > y) for x2, y2 in points)
+    ]
+
+
+def tradeoff(rows: list[dict[str, Any]], path: Path) -> Path:
+    """New-task gain against probe retention, one point per variant, Pareto front marked."""
+    usable = [r for r in rows if r.get("gain") and r.get("retention")]
+    points = [(r["retention"]["mean"], r["gain"]["mean"]) for r in usable]
+    front = set(pareto_front(points))
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    for i, (row, (x, y)) in enumerate(zip(usable, points, strict=True)):
+        xerr = [[x - row["retention"]["low"]], [row["retention"]["high"] - x]]
+        yerr = [[y - row["gain"]["low"]], [row["gain"]["high"] - y]]
+        ax.errorbar(
+            x,
+            y,
+            xerr=xerr,
+            yerr=yerr,
+            fmt="o",
+            capsize=3,
+            color="tab:green" if i in front else "tab:gray",
+        )
+        ax.annotate(row["variant"], (x, y), textcoords="offset points", xytext=(5, 5), fontsize=8)
+    if front:
+        ordered = sorted(points[i] for i in front)
+        ax.plot(
+            [p[0] for p in ordered],
+            [p[1] for p in ordered],
+            color="tab:green",
+            linestyle=":",
+            label="Pareto front",
+        )
+        ax.legend()
+    ax.set_xlabel("probe retention (higher keeps more)")
+    ax.set_ylabel("gain on new tasks (plasticity)")
+    ax.set_title("Learning vs keeping (95% intervals)")
+    return _save(fig, path)

@@ -1,0 +1,182 @@
+"""``report.md`` and a self-contained ``report.html`` (PNG plots embedded) for a run or a bench."""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from forgetless.errors import ConfigError
+from forgetless.report import plots
+from forgetless.training.checkpoint import atomic_write_text
+
+METRIC_KEYS = ["average_accuracy", "bwt", "fwt", "forgetting", "gain", "retention", "kl_drift"]
+HEADERS = [
+    "variant",
+    "runs",
+    "avg acc",
+    "BWT",
+    "FWT",
+    "forgetting",
+    "gain",
+    "retention",
+    "KL(base‖model)",
+    "steps",
+    "train s",
+    "time ×seq_ft",
+]
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, dict):
+        half = (value["high"] - value["low"]) / 2
+        return f"{value['mean']:.3f}" + (f" ± {half:.3f}" if value["n"] > 1 else "")
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def bench_table_rows(rows: list[dict[str, Any]]) -> list[list[str]]:
+    table = []
+    for row in rows:
+        cells = [row["variant"], str(row["runs"])] + [_cell(row[k]) for k in METRIC_KEYS]
+        if row.get("joint_training"):
+            cells[3] = cells[4] = cells[5] = "n/a (joint)"
+        ratio = row.get("time_vs_seq_ft")
+        cells += [
+            _cell(row["steps"]),
+            _cell(row["train_seconds"]),
+            f"{ratio:.2f}" if ratio else "n/a",
+        ]
+        table.append(cells)
+    return table
+
+
+def run_table_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    headers = ["after", *results["tasks"], *[f"{p} (probe)" for p in results["probes"]]]
+    probes = results["probe_accuracy"] or [[] for _ in results["accuracy_matrix"]]
+    rows = [
+        [label, *(f"{v:.2f}" for v in acc), *(f"{v:.2f}" for v in pr)]
+        for label, acc, pr in zip(results["rows"], results["accuracy_matrix"], probes, strict=True)
+    ]
+    return headers, rows
+
+
+def _markdown_table(headers: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def _html_table(headers: list[str], rows: list[list[str]]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _read(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"nothing to report: {path} not found")
+    data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    return data
+
+
+def _metric_rows(results: dict[str, Any]) -> list[list[str]]:
+    metrics = dict(results["metrics"])
+    drift = metrics.pop("kl_drift", None) or {}
+    rows = [[k, _cell(v)] for k, v in metrics.items()]
+    rows += [
+        ["KL(base ‖ model)", _cell(drift.get("base_to_model"))],
+        ["KL(model ‖ base)", _cell(drift.get("model_to_base"))],
+    ]
+    return rows
+
+
+@dataclass(frozen=True)
+class Section:
+    heading: str
+    note: str
+    headers: list[str]
+    rows: list[list[str]]
+
+
+def sections_for_run(
+    results: dict[str, Any], folder: Path
+) -> tuple[str, list[Section], list[Path]]:
+    headers, rows = run_table_rows(results)
+    pictures = [
+        plots.accuracy_heatmap(results, folder / "plots" / "accuracy_matrix.png"),
+        plots.task_curves(results, folder / "plots" / "task_curves.png"),
+        plots.kl_drift(results, folder / "plots" / "kl_drift.png"),
+    ]
+    if results["completed_tasks"] > 1:
+        pictures.append(plots.forgetting_bars(results, folder / "plots" / "forgetting.png"))
+    method = results["config"]["method"]["name"]
+    sections = [
+        Section(
+            "Accuracy matrix", "Exact match; row 0 is the model before any training.", headers, rows
+        ),
+        Section(
+            "Metrics",
+            "Formulas and signs: docs/metrics.md.",
+            ["metric", "value"],
+            _metric_rows(results),
+        ),
+    ]
+    return f"forgetless run: {method} on {', '.join(results['tasks'])}", sections, pictures
+
+
+def sections_for_bench(
+    bench: dict[str, Any], folder: Path
+) -> tuple[str, list[Section], list[Path]]:
+    pictures = [plots.tradeoff(bench["rows"], folder / "plots" / "tradeoff.png")]
+    note = (
+        f"{bench['seeds']} seed(s) × {bench['orders']} task order(s) per variant; "
+        "mean ± half-width of the 95% t-interval. Joint training (mtl) has no BWT/FWT."
+    )
+    return (
+        "forgetless bench",
+        [Section("Variants side by side", note, HEADERS, bench_table_rows(bench["rows"]))],
+        pictures,
+    )
+
+
+def write_report(folder: Path) -> tuple[Path, Path]:
+    """Write ``report.md`` and ``report.html`` into ``folder`` (a run or a bench output folder)."""
+    if (folder / "bench.json").is_file():
+        title, sections, pictures = sections_for_bench(_read(folder / "bench.json"), folder)
+    else:
+        title, sections, pictures = sections_for_run(_read(folder / "results.json"), folder)
+    md_parts, html_parts = [f"# {title}"], [f"<h1>{html.escape(title)}</h1>"]
+    for sec in sections:
+        md_parts.append(
+            f"## {sec.heading}\n\n{sec.note}\n\n{_markdown_table(sec.headers, sec.rows)}"
+        )
+        html_parts.append(
+            f"<h2>{html.escape(sec.heading)}</h2><p>{html.escape(sec.note)}</p>"
+            + _html_table(sec.headers, sec.rows)
+        )
+    for picture in pictures:
+        md_parts.append(f"![{picture.stem}]({picture.relative_to(folder).as_posix()})")
+        data = base64.b64encode(picture.read_bytes()).decode("ascii")
+        html_parts.append(
+            f'<figure><img alt="{picture.stem}" src="data:image/png;base64,{data}"></figure>'
+        )
+    md_path, html_path = folder / "report.md", folder / "report.html"
+    atomic_write_text(md_path, "\n\n".join(md_parts) + "\n")
+    page = _HTML_HEAD.format(title=html.escape(title)) + "\n".join(html_parts) + "</body></html>\n"
+    atomic_write_text(html_path, page)
+    return md_path, html_path
+
+
+_HTML_HEAD = """<!doctype html><html><head><meta charset="utf-8"><title>{title}</title><style>
+body {{ font-family: system-ui, sans-serif; margin: 2em; max-width: 1100px; }}
+table {{ border-collapse: collapse; margin: 1em 0; }}
+td, th {{ border: 1px solid #ccc; padding: 4px 8px; text-align: right; }}
+th {{ background: #f3f3f3; }} img {{ max-width: 100%; }}
+</style></head><body>
+"""

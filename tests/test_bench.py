@@ -1,0 +1,103 @@
+"""Bench: variants, intervals, the side-by-side run, and the report it writes."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import tiny_run_config
+from forgetless.bench.stats import mean_interval, separated
+from forgetless.bench.variants import parse_variant, task_order
+from forgetless.cli.app import main, split_variants
+from forgetless.errors import ConfigError
+from forgetless.report.plots import pareto_front
+
+
+def test_mean_interval_matches_student_t() -> None:
+    interval = mean_interval([1.0, 2.0, 3.0])
+    assert interval is not None
+    assert interval.mean == pytest.approx(2.0)
+    assert interval.high - interval.mean == pytest.approx(4.303 * 1.0 / 3**0.5, rel=1e-3)
+    single = mean_interval([0.5])
+    assert single is not None and single.low == single.high == 0.5
+    assert mean_interval([]) is None
+
+
+def test_separated_needs_two_runs_and_no_overlap() -> None:
+    a, b = mean_interval([0.1, 0.11, 0.12]), mean_interval([0.5, 0.52, 0.51])
+    assert separated(a, b)
+    assert not separated(a, mean_interval([0.1, 0.6]))
+    assert not separated(mean_interval([0.1]), b)
+
+
+def test_variant_syntax() -> None:
+    variant = parse_variant("seq_ft@train.lr=1e-4,foo=2")
+    assert variant.method == {"name": "seq_ft"}
+    assert variant.set == ["train.lr=1e-4", "method.foo=2"]
+    assert split_variants("seq_ft,kl_sft@beta=0.5,gamma=1,ewc") == [
+        "seq_ft",
+        "kl_sft@beta=0.5,gamma=1",
+        "ewc",
+    ]
+    with pytest.raises(ConfigError, match="key=value"):
+        parse_variant("seq_ft@oops")
+
+
+def test_task_orders_are_seeded_permutations() -> None:
+    assert task_order(4, seed=0, order=0) == [0, 1, 2, 3]
+    drawn = task_order(4, seed=0, order=1)
+    assert sorted(drawn) == [0, 1, 2, 3] and drawn == task_order(4, seed=0, order=1)
+
+
+def test_pareto_front() -> None:
+    assert pareto_front([(0.1, 0.9), (0.5, 0.5), (0.4, 0.4), (0.9, 0.1)]) == [0, 1, 3]
+
+
+def test_bench_runs_variants_and_writes_report(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = tmp_path / "bench.yaml"
+    config.write_text(yaml.safe_dump(tiny_run_config(tiny_model_dir)), encoding="utf-8")
+    out = tmp_path / "out"
+    argv = [
+        "forgetless",
+        "bench",
+        str(config),
+        "--methods",
+        "seq_ft,seq_ft@train.lr=1e-4",
+        "--seeds",
+        "2",
+        "--out",
+        str(out),
+        "--quiet",
+    ]
+    monkeypatch.setattr(sys, "argv", argv)
+    main()
+    bench = json.loads((out / "bench.json").read_text())
+    assert [r["variant"] for r in bench["rows"]] == ["seq_ft", "seq_ft@train.lr=1e-4"]
+    assert all(r["runs"] == 2 for r in bench["rows"])
+    assert bench["rows"][0]["time_vs_seq_ft"] == pytest.approx(1.0)
+    assert (out / "seq_ft" / "s1" / "results.json").is_file()
+    html = (out / "report.html").read_text()
+    assert html.count("data:image/png;base64,") == 1 and "seq_ft@train.lr=1e-4" in html
+    assert (out / "plots" / "tradeoff.png").stat().st_size > 1000
+    assert "| seq_ft |" in (out / "report.md").read_text()
+
+
+def test_run_report(tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump(tiny_run_config(tiny_model_dir)), encoding="utf-8")
+    monkeypatch.setattr(
+        sys, "argv", ["forgetless", "run", str(config), "--out", str(tmp_path / "r"), "--quiet"]
+    )
+    main()
+    monkeypatch.setattr(sys, "argv", ["forgetless", "report", str(tmp_path / "r")])
+    main()
+    html = (tmp_path / "r" / "report.html").read_text()
+    assert html.count("data:image/png;base64,") == 4
+    for name in ["accuracy_matrix", "task_curves", "kl_drift", "forgetting"]:
+        assert (tmp_path / "r" / "plots" / f"{name}.png").is_file()
