@@ -193,6 +193,9 @@ class RunConfig(Strict):
     eval: EvalConfig = Field(default_factory=EvalConfig)  # type: ignore[arg-type]
     tasks: list[TaskConfig] = Field(min_length=1, description="The continual sequence, in order.")
     probes: list[TaskConfig] = Field(default_factory=list, description="Retention probes.")
+    report_to: Literal["none", "tensorboard", "wandb", "mlflow", "trackio"] = Field(
+        "none", description="Experiment tracker (through accelerate); none needs no install."
+    )
     method: _method_union() = Field(  # type: ignore[valid-type]
         default_factory=lambda: SeqFTConfig(name="seq_ft"), description="Forgetting control."
     )

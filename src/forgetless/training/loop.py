@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,6 +102,8 @@ class StepLoop:
     ctx: TaskContext
     pad_id: int
     progress: Progress | None = None
+    on_step: Callable[[str, dict[str, float]], None] | None = None
+    """Called after each optimizer step with the task name and the named loss terms."""
 
     def run(
         self,
@@ -130,6 +132,8 @@ class StepLoop:
                 for name, value in terms.items():
                     sums[name] = sums.get(name, 0.0) + value
                 stats.final_loss = loss
+                if self.on_step is not None:
+                    self.on_step(self.ctx.task.name, {"loss": loss, **terms})
                 advance(loss)
         stats.steps, stats.seconds = plan.steps, time.perf_counter() - start
         stats.loss_terms = {k: v / plan.steps for k, v in sums.items()}

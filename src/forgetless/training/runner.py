@@ -42,6 +42,7 @@ from forgetless.training.checkpoint import (
 from forgetless.training.loop import StepLoop, TrainPlan, TrainStats, steps_for_epochs
 from forgetless.training.progress import Progress
 from forgetless.training.results import RESULTS_FILE, Results
+from forgetless.training.tracking import Tracker
 
 CONFIG_FILE = "config.yaml"
 
@@ -98,6 +99,7 @@ class Runner:
         torch.set_flush_denormal(True)
         tasks, probes = load_tasks(cfg.tasks, cfg), load_tasks(cfg.probes, cfg)
         self.active: Method = self.method or create_method(cfg.method)
+        self.tracker = Tracker(cfg.report_to, self.out_dir, cfg.model_dump(mode="json"))
         source = (
             None
             if cfg.model.name_or_path
@@ -112,12 +114,16 @@ class Runner:
         self.base_logprobs = self._probe_logprobs(model) if cfg.eval.kl_drift and probes else None
         if results.completed_tasks:
             self._restore(results.completed_tasks)
-        with Progress(self.console, enabled=self.progress) as self.bars:
-            if not results.accuracy:
-                self._record_row(results, self.finetuner.model)
-                results.write(self.out_dir)
-            for index in range(results.completed_tasks + 1, len(tasks) + 1):
-                self._run_task(index, results)
+        try:
+            with Progress(self.console, enabled=self.progress) as self.bars:
+                if not results.accuracy:
+                    self._record_row(results, self.finetuner.model)
+                    results.write(self.out_dir)
+                for index in range(results.completed_tasks + 1, len(tasks) + 1):
+                    self._run_task(index, results)
+                    self.tracker.log_metrics(results.metrics())
+        finally:
+            self.tracker.finish()
         return results
 
     def _prepare_out_dir(self, tasks: list[Task], probes: list[Task]) -> Results:
@@ -264,7 +270,9 @@ class Runner:
         self._report_task(index, stats, results)
 
     def _train(self, ctx: TaskContext, plan: TrainPlan, method: Method) -> TrainStats:
-        loop = StepLoop(ctx.model, method, ctx, self.tokenizer.pad_token_id, self.bars)
+        loop = StepLoop(
+            ctx.model, method, ctx, self.tokenizer.pad_token_id, self.bars, self.tracker.log_step
+        )
         if not method.uses(Capability.TRAIN_STAGE):
             return loop.run(ctx.train_features, plan)
 
