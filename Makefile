@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test test-slow lint bench clean
+.PHONY: setup browser demo test test-slow lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -15,6 +15,12 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+browser:  ## Debian's chromium, for the report's browser test (root or sudo; skipped if it cannot)
+	@command -v chromium >/dev/null 2>&1 || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium \
+	  || echo "chromium could not be installed: the browser test will skip (it fails under CI)"; }
+
 demo: setup  ## the built-in demo: pretrain (or reuse) the tiny base, run seq_ft on 3 tasks
 	$(VENV)/bin/forgetless run --out runs/demo
 
@@ -22,7 +28,7 @@ lint: setup
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/mypy src
 
-test: lint  ## the fast tier (what CI runs)
+test: lint browser  ## the fast tier (what CI runs)
 	$(VENV)/bin/pytest -q
 
 test-slow: setup  ## long end-to-end and fault-injection tests

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import tiny_run_config
+
 from forgetless.bench.stats import mean_interval, separated
 from forgetless.bench.variants import parse_variant, task_order
 from forgetless.cli.app import main, split_variants

@@ -25,7 +25,7 @@ def accuracy_heatmap(results: dict[str, Any], path: Path) -> Path:
     names = results["tasks"] + [f"{p}*" for p in results["probes"]]
     probes = results["probe_accuracy"] or [[] for _ in results["accuracy_matrix"]]
     matrix = np.array([r + p for r, p in zip(results["accuracy_matrix"], probes, strict=True)])
-    fig, ax = plt.subplots(figsize=(1.2 + 0.8 * len(names), 1.0 + 0.5 * len(matrix)))
+    fig, ax = plt.subplots(figsize=(max(5.5, 1.2 + 0.8 * len(names)), 1.0 + 0.5 * len(matrix)))
     image = ax.imshow(matrix, vmin=0, vmax=1, cmap="viridis", aspect="auto")
     ax.set_xticks(range(len(names)), names, rotation=30, ha="right")
     ax.set_yticks(range(len(matrix)), results["rows"])

@@ -1,0 +1,169 @@
+"""Experience replay: reservoir memory, batch mixing at the set ratio, state and determinism."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import tiny_run_config
+from rich.console import Console
+from torch import nn
+
+from forgetless.config.loading import validate_config
+from forgetless.methods.base import RunInfo, StepContext, TaskContext, TaskEndContext
+from forgetless.methods.replay import Replay, ReplayConfig, mix_batch, reservoir_update
+from forgetless.tasks.base import Example, Task
+from forgetless.tasks.formatting import Features
+from forgetless.training.checkpoint import load_method_state, save_method_state
+from forgetless.training.loop import TrainStats
+from forgetless.training.runner import Runner
+
+REPLAY = {"name": "replay", "buffer_size": 16, "ratio": 0.5}
+
+
+def feat(i: int) -> Features:
+    return {"input_ids": [i, i + 1], "labels": [-100, i + 1]}
+
+
+def key(f: Features) -> tuple[int, ...]:
+    return tuple(f["input_ids"])
+
+
+def test_reservoir_never_exceeds_capacity_and_keeps_the_first_items() -> None:
+    rng = random.Random(0)
+    buffer, seen = reservoir_update([], 0, [feat(i) for i in range(3)], 5, rng)
+    assert [key(f) for f in buffer] == [(0, 1), (1, 2), (2, 3)] and seen == 3
+    for chunk in range(10):
+        before = list(buffer)
+        buffer, seen = reservoir_update(buffer, seen, [feat(i) for i in range(7)], 5, rng)
+        assert len(buffer) == 5 and seen == 3 + 7 * (chunk + 1)
+        assert len(before) <= 5, "the input buffer is not modified"
+    assert reservoir_update([], 0, [feat(1)], 0, rng) == ([], 1)
+
+
+def test_reservoir_is_uniform_over_the_whole_stream() -> None:
+    """Fed in two chunks (two tasks), every one of the 40 items is kept with p = 10/40."""
+    rng = random.Random(1)
+    trials, counts = 3000, [0] * 40
+    for _ in range(trials):
+        buffer, seen = reservoir_update([], 0, [feat(i) for i in range(20)], 10, rng)
+        buffer, seen = reservoir_update(buffer, seen, [feat(i) for i in range(20, 40)], 10, rng)
+        for f in buffer:
+            counts[f["input_ids"][0]] += 1
+    freqs = [c / trials for c in counts]
+    assert all(abs(p - 0.25) < 0.05 for p in freqs), freqs
+    assert abs(sum(freqs[:20]) - sum(freqs[20:])) < 0.3, "the first task is not favoured"
+
+
+def test_mix_batch_replaces_the_set_fraction() -> None:
+    batch, memory = [feat(i) for i in range(8)], [feat(100 + i) for i in range(16)]
+    for ratio, k in [(0.0, 0), (0.25, 2), (0.5, 4), (1.0, 8)]:
+        mixed = mix_batch(batch, memory, ratio, random.Random(0))
+        assert len(mixed) == 8
+        assert sum(f["input_ids"][0] >= 100 for f in mixed) == k
+        assert len({key(f) for f in mixed}) == 8, "drawn without replacement"
+    assert mix_batch(batch, [], 0.5, random.Random(0)) == batch, "empty memory: batch unchanged"
+    small = mix_batch(batch, memory[:2], 1.0, random.Random(0))
+    assert len(small) == 8 and all(f["input_ids"][0] >= 100 for f in small)
+
+
+def contexts(index: int, features: list[Features]) -> TaskContext:
+    run = RunInfo(seed=0, out_dir=Path("."), task_names=[], probe_names=[], finetune_mode="full")
+    task = Task(f"t{index}", [], [Example("p", "c")])
+    return TaskContext(run, index, task, nn.Linear(1, 1), None, features, [], torch.device("cpu"))
+
+
+def end(method: Replay, index: int, features: list[Features]) -> TaskContext:
+    ctx = contexts(index, features)
+    method.on_task_end(TaskEndContext(ctx, {}, TrainStats()))
+    return ctx
+
+
+def test_hook_replays_past_tasks_and_is_deterministic() -> None:
+    def fresh() -> Replay:
+        method = Replay(ReplayConfig(name="replay", buffer_size=8, ratio=0.25, seed=3))
+        end(method, 1, [feat(100 + i) for i in range(20)])
+        return method
+
+    method, ctx = fresh(), contexts(2, [])
+    assert len(method.buffer) == 8 and method.seen == 20
+    batch = [feat(i) for i in range(8)]
+    out = method.transform_batch(batch, StepContext(ctx, step=0, total_steps=4))
+    assert sum(f["input_ids"][0] >= 100 for f in out) == 2
+    assert out[:6] == batch[:6]
+    steps = [method.transform_batch(batch, StepContext(ctx, s, 4)) for s in range(1, 4)]
+    again = fresh()
+    assert again.buffer == method.buffer
+    assert again.transform_batch(batch, StepContext(ctx, 0, 4)) == out
+    assert [again.transform_batch(batch, StepContext(ctx, s, 4)) for s in range(1, 4)] == steps
+    draws = {tuple(key(f) for f in b[6:]) for b in [out, *steps]}
+    assert len(draws) > 1, "each step draws anew"
+
+
+def test_state_dict_round_trip_restores_the_buffer(tmp_path: Path) -> None:
+    method = Replay(ReplayConfig.model_validate({"buffer_size": 4}))
+    end(method, 1, [feat(i) for i in range(10)])
+    save_method_state(tmp_path, method.state_dict())
+    restored = Replay(ReplayConfig.model_validate({"buffer_size": 4}))
+    restored.load_state_dict(load_method_state(tmp_path))
+    assert restored.buffer == method.buffer and restored.seen == 10
+    end(method, 2, [feat(50 + i) for i in range(10)])
+    end(restored, 2, [feat(50 + i) for i in range(10)])
+    assert restored.buffer == method.buffer and restored.seen == method.seen == 20
+
+
+class RecordingReplay(Replay):
+    """Records every mixed batch by task; optionally crashes when task 2 starts training."""
+
+    def __init__(self, config: Any, crash: bool = False) -> None:
+        super().__init__(config)
+        self.crash = crash
+        self.batches: dict[int, list[list[Features]]] = {}
+        self.task_features: dict[int, list[Features]] = {}
+
+    def transform_batch(self, features: list[Features], ctx: StepContext) -> list[Features]:
+        if self.crash and ctx.task.task_index == 2:
+            raise KeyboardInterrupt
+        self.task_features[ctx.task.task_index] = ctx.task.train_features
+        out = super().transform_batch(features, ctx)
+        self.batches.setdefault(ctx.task.task_index, []).append(out)
+        return out
+
+
+def run(model_dir: Path, out: Path, method: Replay, **overrides: Any) -> dict[str, Any]:
+    cfg = validate_config(tiny_run_config(model_dir, method=REPLAY, **overrides))
+    return Runner(cfg, out, Console(quiet=True), progress=False, method=method).run().to_json()
+
+
+def test_runner_mixes_past_task_examples_at_the_ratio(tiny_model_dir: Path, tmp_path: Path) -> None:
+    method = RecordingReplay(ReplayConfig.model_validate(REPLAY))
+    results = run(tiny_model_dir, tmp_path, method)
+    first = {key(f) for f in method.task_features[1]}
+    second = {key(f) for f in method.task_features[2]}
+    assert first and second and not first & second
+    assert all(key(f) in first for b in method.batches[1] for f in b), "nothing to replay yet"
+    assert len(method.batches[2]) == results["per_task"][1]["steps"] == 4
+    state = load_method_state(tmp_path / "checkpoints" / "task-01-reverse")
+    assert len(state["buffer"]) == 16 and state["seen"] == 32
+    memory = {key(f) for f in state["buffer"]}
+    for batch in method.batches[2]:
+        assert len(batch) == 8
+        replayed = [f for f in batch if key(f) in first]
+        assert len(replayed) == 4 and all(key(f) in second for f in batch if f not in replayed)
+        assert all(key(f) in memory for f in replayed), "replayed from the task-1 memory"
+    assert len(method.buffer) == 16 and method.seen == 64
+
+
+def test_resumed_run_replays_exactly(tiny_model_dir: Path, tmp_path: Path) -> None:
+    full = RecordingReplay(ReplayConfig.model_validate(REPLAY))
+    expected = run(tiny_model_dir, tmp_path / "full", full)
+    with pytest.raises(KeyboardInterrupt):
+        run(tiny_model_dir, tmp_path / "crash", RecordingReplay(full.cfg, crash=True))
+    resumed = RecordingReplay(full.cfg)
+    results = run(tiny_model_dir, tmp_path / "crash", resumed)
+    assert resumed.batches[2] == full.batches[2]
+    assert resumed.buffer == full.buffer and resumed.seen == full.seen
+    assert results["accuracy_matrix"] == expected["accuracy_matrix"]
