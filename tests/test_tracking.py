@@ -4,9 +4,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import tiny_run_config
 from rich.console import Console
 
-from conftest import tiny_run_config
 from forgetless.config.loading import validate_config
 from forgetless.errors import ConfigError
 from forgetless.training import tracking
