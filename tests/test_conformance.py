@@ -20,6 +20,13 @@ from forgetless.training.runner import Runner
 # Config per registered method for the contract run; adding a method without a case fails below.
 METHOD_CASES: dict[str, dict[str, Any]] = {
     "seq_ft": {"name": "seq_ft"},
+    "o_lora": {"name": "o_lora", "_finetune": {"lora": {"regime": "per_task"}}},
+    "freeze": {"name": "freeze", "train_top_layers": 1},
+    "replay": {"name": "replay", "buffer_size": 16, "ratio": 0.5},
+    "mtl": {"name": "mtl"},
+    "ewc": {"name": "ewc", "lam": 1e4, "fisher_samples": 8, "fisher_batch_size": 4},
+    "kl_sft": {"name": "kl_sft", "beta": 0.1},
+    "low_lr": {"name": "low_lr", "lr_scale": 0.1},
 }
 
 
@@ -27,11 +34,18 @@ def test_matrix_covers_the_registry() -> None:
     assert set(METHOD_CASES) == set(registered_methods())
 
 
+def _case(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A case's method config, and its own finetune settings (``_finetune``, e.g. a regime)."""
+    case = dict(METHOD_CASES[name])
+    return case, case.pop("_finetune", {})
+
+
 def _run(model_dir: Path, out: Path, name: str, finetune: str) -> dict[str, Any]:
+    method, own = _case(name)
     raw = tiny_run_config(
         model_dir,
-        method=METHOD_CASES[name],
-        finetune={"mode": finetune, "lora": {"r": 2}},
+        method=method,
+        finetune={**own, "mode": finetune, "lora": {"r": 2, **own.get("lora", {})}},
         train={"steps": 3, "batch_size": 8, "lr": 1e-3, "max_length": 32},
     )
     cfg = validate_config(raw)
@@ -42,6 +56,8 @@ def _run(model_dir: Path, out: Path, name: str, finetune: str) -> dict[str, Any]
 @pytest.mark.parametrize("name", sorted(registered_methods()))
 def test_method_contract(name: str, finetune: str, tiny_model_dir: Path, tmp_path: Path) -> None:
     cls = registered_methods()[name]
+    if finetune == "full" and cls.lora_regimes:
+        pytest.skip(f"{name} needs LoRA")
     assert cls.__doc__, f"{name} needs a docstring"
     for field_name, field in cls.config_cls.model_fields.items():
         assert field.description or field_name == "name", f"{name}.{field_name} needs a description"
@@ -64,7 +80,7 @@ def _same_checkpoint(a: Path, b: Path) -> None:
 
 @pytest.mark.parametrize("name", sorted(registered_methods()))
 def test_state_dict_round_trip(name: str, tmp_path: Path) -> None:
-    method = create_method(registered_methods()[name].config_cls.model_validate(METHOD_CASES[name]))
+    method = create_method(registered_methods()[name].config_cls.model_validate(_case(name)[0]))
     state = method.state_dict()
     save_method_state(tmp_path, state)
     restored = load_method_state(tmp_path)

@@ -1,0 +1,126 @@
+"""SFT plus a static KL penalty toward the base model's next-token distribution (KL-SFT)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Literal
+
+import torch
+from pydantic import Field
+from torch import nn
+
+from forgetless.errors import ModelLoadError
+from forgetless.eval import metrics
+from forgetless.methods.base import (
+    Batch,
+    Capability,
+    Method,
+    MethodConfig,
+    StepContext,
+    TaskContext,
+    register_method,
+)
+from forgetless.tasks.formatting import IGNORE_INDEX
+
+Direction = Literal["model_to_base", "base_to_model"]
+
+
+def token_kl(
+    logits: torch.Tensor,
+    ref_logits: torch.Tensor,
+    mask: torch.Tensor,
+    direction: Direction = "model_to_base",
+) -> torch.Tensor:
+    """Mean over ``mask`` positions of ``KL(p_model ‖ p_ref)`` (or ``KL(p_ref ‖ p_model)``).
+
+    ``logits``/``ref_logits``: ``(..., V)``; ``mask``: ``(...)``. No selected position gives 0
+    (still attached to ``logits`` so the loss stays differentiable).
+    """
+    if not bool(mask.any()):
+        return logits.sum() * 0.0
+    logp, logq = torch.log_softmax(logits.float(), -1), torch.log_softmax(ref_logits.float(), -1)
+    if direction == "model_to_base":
+        return metrics.token_kl(logp, logq, mask)
+    return metrics.token_kl(logq, logp, mask)
+
+
+def freeze(model: nn.Module) -> nn.Module:
+    """Eval mode, no gradients: a fixed teacher."""
+    model.eval()
+    for param in model.parameters():
+        param.requires_grad_(False)
+    return model
+
+
+def load_base(ctx: TaskContext) -> nn.Module:
+    """Reload the base weights from where the runner loaded them, with the run's model options.
+
+    The source is the model's ``name_or_path`` (the hub id or folder the runner resolved); the
+    dtype, revision and loading flags come from the run's stored ``config.yaml``.
+    """
+    from forgetless.config.loading import read_yaml  # lazy: config imports methods
+    from forgetless.config.schema import ModelConfig
+    from forgetless.models.loading import load_model
+
+    source = getattr(ctx.model, "name_or_path", "")
+    if not source:
+        raise ModelLoadError("kl_sft: cannot find the base model to reload (no name_or_path)")
+    config = ctx.run.out_dir / "config.yaml"
+    raw = read_yaml(config).get("model", {}) if config.is_file() else {}
+    return load_model(str(source), ModelConfig.model_validate(raw))
+
+
+class KLSFTConfig(MethodConfig):
+    name: Literal["kl_sft"] = Field("kl_sft", description="SFT + static KL to the base model.")
+    beta: float = Field(
+        0.1,
+        ge=0,
+        description="β, the weight of the KL term. The Anchored Learning summary names KL-SFT "
+        "as a baseline without a value; 0.1 is a moderate default, tune it per run.",
+    )
+    direction: Direction = Field(
+        "model_to_base",
+        description="model_to_base: KL(p_θ ‖ p_base), the reverse (mode-seeking) KL of KL-"
+        "regularised fine-tuning; base_to_model: KL(p_base ‖ p_θ), a fixed-teacher distillation.",
+    )
+
+
+@register_method
+class KLSFT(Method):
+    """KL-SFT, a baseline of Anchored Learning (Wang, Sun, Wu & Wang 2026, "Stabilizing LLM
+    Supervised Fine-Tuning via Explicit Distributional Control", arXiv:2605.04468): the task's
+    cross-entropy plus ``β · mean_t KL(p_θ(·|x_<t) ‖ p_base(·|x_<t))`` over completion tokens,
+    a *static* regulariser toward the base (pre-sequence) model that the paper contrasts with its
+    moving anchor. The paper's summary fixes neither the direction nor β; the default direction
+    is the reverse KL of KL-regularised fine-tuning, ``direction`` switches it.
+
+    The reference is a frozen full copy of the base model kept on the device (one more model's
+    weights, no gradients or optimizer state) plus one extra forward pass per micro-batch. It is
+    a deep copy at task 1; a run resumed at a later task reloads the base from its source, since
+    the runner has already restored the trained weights by then.
+    """
+
+    name = "kl_sft"
+    config_cls = KLSFTConfig
+    capabilities = frozenset({Capability.TASK_START, Capability.LOSS_TERMS})
+
+    def __init__(self, config: MethodConfig) -> None:
+        super().__init__(config)
+        assert isinstance(config, KLSFTConfig)
+        self.cfg = config
+        self.reference: nn.Module | None = None
+
+    def on_task_start(self, ctx: TaskContext) -> None:
+        if self.reference is None:
+            base = copy.deepcopy(ctx.model) if ctx.task_index == 1 else load_base(ctx)
+            self.reference = freeze(base).to(ctx.device)
+
+    def loss_terms(self, batch: Batch, outputs: Any, ctx: StepContext) -> dict[str, torch.Tensor]:
+        assert self.reference is not None, "on_task_start builds the reference"
+        with torch.no_grad():
+            ref = self.reference(
+                input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
+            )
+        mask = batch["labels"][:, 1:] != IGNORE_INDEX
+        kl = token_kl(outputs.logits[:, :-1], ref.logits[:, :-1], mask, self.cfg.direction)
+        return {"kl_sft": self.cfg.beta * kl}

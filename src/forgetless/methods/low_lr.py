@@ -1,0 +1,47 @@
+"""Low-SFT: sequential fine-tuning at a reduced learning rate."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from forgetless.methods.base import Capability, Method, MethodConfig, Stage, register_method
+from forgetless.training.loop import TrainStats
+
+
+def scaled_lr(lr: float, lr_scale: float) -> float:
+    """The learning rate Low-SFT trains at."""
+    return lr * lr_scale
+
+
+class LowLRConfig(MethodConfig):
+    name: Literal["low_lr"] = Field("low_lr", description="Low-SFT: SFT at a reduced LR.")
+    lr_scale: float = Field(
+        0.1,
+        gt=0,
+        description="Factor on each task's learning rate. The Anchored Learning summary gives "
+        "no value for Low-SFT; 0.1 (one decade lower) is this toolkit's default.",
+    )
+
+
+@register_method
+class LowLR(Method):
+    """Low-SFT, a baseline of Anchored Learning (Wang, Sun, Wu & Wang 2026, "Stabilizing LLM
+    Supervised Fine-Tuning via Explicit Distributional Control", arXiv:2605.04468): plain SFT
+    whose learning rate is scaled down, trading target-task gain for stability (the paper finds
+    it keeps general capability but gives up domain accuracy). Everything else is the shared
+    loop with the task's resolved plan (steps, schedule, clipping).
+    """
+
+    name = "low_lr"
+    config_cls = LowLRConfig
+    capabilities = frozenset({Capability.TRAIN_STAGE})
+
+    def __init__(self, config: MethodConfig) -> None:
+        super().__init__(config)
+        assert isinstance(config, LowLRConfig)
+        self.cfg = config
+
+    def train_task(self, stage: Stage) -> TrainStats:
+        return stage.sft(lr=scaled_lr(stage.plan.lr, self.cfg.lr_scale))
