@@ -21,8 +21,8 @@ browser:  ## Debian's chromium, for the report's browser test (root or sudo; ski
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium \
 	  || echo "chromium could not be installed: the browser test will skip (it fails under CI)"; }
 
-demo: setup  ## the built-in demo: pretrain (or reuse) the tiny base, run seq_ft on 3 tasks
-	$(VENV)/bin/forgetless run --out runs/demo
+demo: setup  ## the bench demo: pretrain (or reuse) the tiny base, compare methods, write the report
+	$(VENV)/bin/forgetless bench --seeds 1 --out runs/demo
 
 lint: setup
 	$(VENV)/bin/ruff check src tests benchmarks

@@ -69,7 +69,8 @@ def methods() -> None:
     table = Table("method", "capabilities", "description")
     for name, cls in sorted(registered_methods().items()):
         caps = ", ".join(sorted(c.value for c in cls.capabilities)) or "-"
-        table.add_row(name, caps, (cls.__doc__ or "").strip().splitlines()[0])
+        summary = " ".join((cls.__doc__ or "").strip().split("\n\n")[0].split())
+        table.add_row(name, caps, summary)
     console.print(table)
 
 

@@ -76,6 +76,8 @@ class RunInfo:
     finetune_mode: str
     max_length: int = 64
     lora_regime: str | None = None
+    load_base: Callable[[], nn.Module] | None = None
+    """Loads a fresh copy of the base model (before any task): for frozen references."""
 
 
 @dataclass

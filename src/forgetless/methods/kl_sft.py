@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 from typing import Any, Literal
 
 import torch
@@ -52,24 +51,6 @@ def freeze(model: nn.Module) -> nn.Module:
     return model
 
 
-def load_base(ctx: TaskContext) -> nn.Module:
-    """Reload the base weights from where the runner loaded them, with the run's model options.
-
-    The source is the model's ``name_or_path`` (the hub id or folder the runner resolved); the
-    dtype, revision and loading flags come from the run's stored ``config.yaml``.
-    """
-    from forgetless.config.loading import read_yaml  # lazy: config imports methods
-    from forgetless.config.schema import ModelConfig
-    from forgetless.models.loading import load_model
-
-    source = getattr(ctx.model, "name_or_path", "")
-    if not source:
-        raise ModelLoadError("kl_sft: cannot find the base model to reload (no name_or_path)")
-    config = ctx.run.out_dir / "config.yaml"
-    raw = read_yaml(config).get("model", {}) if config.is_file() else {}
-    return load_model(str(source), ModelConfig.model_validate(raw))
-
-
 class KLSFTConfig(MethodConfig):
     name: Literal["kl_sft"] = Field("kl_sft", description="SFT + static KL to the base model.")
     beta: float = Field(
@@ -87,17 +68,17 @@ class KLSFTConfig(MethodConfig):
 
 @register_method
 class KLSFT(Method):
-    """KL-SFT, a baseline of Anchored Learning (Wang, Sun, Wu & Wang 2026, "Stabilizing LLM
-    Supervised Fine-Tuning via Explicit Distributional Control", arXiv:2605.04468): the task's
-    cross-entropy plus ``β · mean_t KL(p_θ(·|x_<t) ‖ p_base(·|x_<t))`` over completion tokens,
-    a *static* regulariser toward the base (pre-sequence) model that the paper contrasts with its
-    moving anchor. The paper's summary fixes neither the direction nor β; the default direction
-    is the reverse KL of KL-regularised fine-tuning, ``direction`` switches it.
+    """KL-SFT, a baseline of Anchored Learning ("Stabilizing LLM Supervised Fine-Tuning via
+    Explicit Distributional Control"; summary in shared/papers/002): the task's cross-entropy
+    plus ``β · mean_t KL(p_θ(·|x_<t) ‖ p_base(·|x_<t))`` over completion tokens, a *static*
+    regulariser toward the base (pre-sequence) model that the paper contrasts with its moving
+    anchor. The summary fixes neither the direction nor β; the default direction is the reverse
+    KL of KL-regularised fine-tuning, and ``direction`` switches it.
 
     The reference is a frozen full copy of the base model kept on the device (one more model's
     weights, no gradients or optimizer state) plus one extra forward pass per micro-batch. It is
-    a deep copy at task 1; a run resumed at a later task reloads the base from its source, since
-    the runner has already restored the trained weights by then.
+    loaded from the run's base-model source (``RunInfo.load_base``), so a run resumed at a later
+    task gets the same reference as an uninterrupted one.
     """
 
     name = "kl_sft"
@@ -112,8 +93,11 @@ class KLSFT(Method):
 
     def on_task_start(self, ctx: TaskContext) -> None:
         if self.reference is None:
-            base = copy.deepcopy(ctx.model) if ctx.task_index == 1 else load_base(ctx)
-            self.reference = freeze(base).to(ctx.device)
+            if ctx.run.load_base is None:
+                raise ModelLoadError(
+                    "kl_sft needs the runner's base-model loader (RunInfo.load_base)"
+                )
+            self.reference = freeze(ctx.run.load_base()).to(ctx.device)
 
     def loss_terms(self, batch: Batch, outputs: Any, ctx: StepContext) -> dict[str, torch.Tensor]:
         assert self.reference is not None, "on_task_start builds the reference"

@@ -27,10 +27,10 @@ class LowLRConfig(MethodConfig):
 
 @register_method
 class LowLR(Method):
-    """Low-SFT, a baseline of Anchored Learning (Wang, Sun, Wu & Wang 2026, "Stabilizing LLM
-    Supervised Fine-Tuning via Explicit Distributional Control", arXiv:2605.04468): plain SFT
-    whose learning rate is scaled down, trading target-task gain for stability (the paper finds
-    it keeps general capability but gives up domain accuracy). Everything else is the shared
+    """Low-SFT, a baseline of Anchored Learning ("Stabilizing LLM Supervised Fine-Tuning via
+    Explicit Distributional Control"; summary in shared/papers/002): plain SFT whose learning
+    rate is scaled down, trading target-task gain for stability (the paper finds it keeps
+    general capability but gives up domain accuracy). Everything else is the shared
     loop with the task's resolved plan (steps, schedule, clipping).
     """
 

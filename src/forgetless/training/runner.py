@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +29,7 @@ from forgetless.methods.base import (
     create_method,
 )
 from forgetless.models.adapters import Finetuner
-from forgetless.models.loading import load_model_and_tokenizer
+from forgetless.models.loading import load_model, load_model_and_tokenizer, resolve_source
 from forgetless.models.pretrain import ensure_base_model
 from forgetless.tasks.base import Task
 from forgetless.tasks.formatting import Features, encode_example
@@ -105,7 +106,8 @@ class Runner:
             if cfg.model.name_or_path
             else str(ensure_base_model(cfg.model, self.console, self.progress))
         )
-        model, self.tokenizer = load_model_and_tokenizer(cfg.model, source)
+        self.source = resolve_source(source or cfg.model.name_or_path or "")
+        model, self.tokenizer = load_model_and_tokenizer(cfg.model, self.source)
         self.device = PartialState().device  # accelerate picks the process's device
         model.to(self.device)  # type: ignore[arg-type]
         results = self._prepare_out_dir(tasks, probes)
@@ -219,6 +221,7 @@ class Runner:
             finetune_mode=self.cfg.finetune.mode,
             max_length=self.cfg.train.max_length,
             lora_regime=lora,
+            load_base=functools.partial(load_model, self.source, self.cfg.model),
         )
         return TaskContext(
             info,
