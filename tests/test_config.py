@@ -74,3 +74,11 @@ def test_example_configs_validate() -> None:
     assert examples, "examples/ must hold configs"
     for path in examples:
         load_config(path)
+
+
+def test_presets() -> None:
+    small = load_config(None, preset="small")
+    assert small.model.tiny.hidden_size == 256 and small.model.tiny.num_layers == 10
+    assert [t.display_name for t in small.tasks] == ["reverse", "cipher", "bracket"]
+    with pytest.raises(ConfigError, match="unknown preset 'huge'; known: tiny, small"):
+        load_config(None, preset="huge")

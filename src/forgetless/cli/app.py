@@ -18,6 +18,7 @@ console = Console()
 err_console = Console(stderr=True)
 
 ConfigArg = Annotated[Path | None, typer.Argument(help="YAML config; omit for the built-in demo.")]
+PresetOpt = Annotated[str, typer.Option(help="Built-in preset when no CONFIG: tiny or small.")]
 SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="Override: key.path=value")]  # noqa: UP045
 
 
@@ -30,14 +31,15 @@ def run(
         bool, typer.Option(help="Resume even if the config changed.")
     ] = False,
     quiet: Annotated[bool, typer.Option(help="No progress bars.")] = False,
+    preset: PresetOpt = "tiny",
 ) -> None:
     """Train the task sequence, evaluating after each task; re-run to resume."""
     from forgetless.config.loading import load_config
     from forgetless.report.table import accuracy_table, metrics_table
     from forgetless.training.runner import Runner
 
-    cfg = load_config(config, set_)
-    out_dir = out or Path("runs") / (config.stem if config else "demo")
+    cfg = load_config(config, set_, preset)
+    out_dir = out or Path("runs") / (config.stem if config else preset)
     results = Runner(
         cfg, out_dir, console, progress=not quiet, allow_config_change=allow_config_change
     ).run()
@@ -95,12 +97,13 @@ def pretrain(
     set_: SetOpt = None,
     out: Annotated[Optional[Path], typer.Option(help="Folder (default: the cache).")] = None,  # noqa: UP045
     quiet: Annotated[bool, typer.Option(help="No progress bars.")] = False,
+    preset: PresetOpt = "tiny",
 ) -> None:
     """Build and pretrain the tiny base model on the base capabilities, under a seed."""
     from forgetless.config.loading import load_config
     from forgetless.models.pretrain import cached_base_dir, pretrain_base
 
-    cfg = load_config(config, set_)
+    cfg = load_config(config, set_, preset)
     folder = out or cached_base_dir(cfg.model)
     pretrain_base(cfg.model, folder, console, progress=not quiet)
     console.print(f"saved: {folder}")
@@ -129,16 +132,17 @@ def bench(
     out: Annotated[Optional[Path], typer.Option(help="Output folder (default runs/bench).")] = None,  # noqa: UP045
     set_: SetOpt = None,
     quiet: Annotated[bool, typer.Option(help="No progress bars.")] = False,
+    preset: PresetOpt = "tiny",
 ) -> None:
     """Run methods side by side on one sequence, seeds and budget; write bench.json + report."""
     from forgetless.bench.runner import run_bench
     from forgetless.bench.variants import BenchSection, parse_variant
-    from forgetless.config.demo import DEMO_BENCH_METHODS, demo_config_dict
-    from forgetless.config.loading import apply_override, read_yaml
+    from forgetless.config.demo import DEMO_BENCH_METHODS
+    from forgetless.config.loading import apply_override, config_data
     from forgetless.methods import registered_methods
     from forgetless.report.render import HEADERS, bench_table_rows, write_report
 
-    data = read_yaml(config) if config else demo_config_dict()
+    data = dict(config_data(config, preset))
     section = BenchSection.model_validate(data.pop("bench", None) or {})
     for assignment in set_ or []:
         apply_override(data, assignment)

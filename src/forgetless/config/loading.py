@@ -92,15 +92,25 @@ def validate_config(data: dict[str, Any], source: str = "config") -> RunConfig:
         raise ConfigError(format_validation_error(err, source)) from None
 
 
-def load_config(path: Path | None, overrides: list[str] | None = None) -> RunConfig:
-    """Load a YAML config (or the built-in demo when ``path`` is None) and apply overrides."""
-    from forgetless.config.demo import demo_config_dict
+def config_data(path: Path | None, preset: str = "tiny") -> dict[str, Any]:
+    """The raw config: a YAML file, or a built-in preset when no file is given."""
+    from forgetless.config.demo import PRESETS
 
-    data = read_yaml(path) if path is not None else demo_config_dict()
-    data = copy.deepcopy(data)
+    if path is not None:
+        return read_yaml(path)
+    if preset not in PRESETS:
+        raise ConfigError(f"unknown preset {preset!r}; known: {', '.join(PRESETS)}")
+    return PRESETS[preset]()
+
+
+def load_config(
+    path: Path | None, overrides: list[str] | None = None, preset: str = "tiny"
+) -> RunConfig:
+    """Load a YAML config (or a built-in preset when ``path`` is None) and apply overrides."""
+    data = copy.deepcopy(config_data(path, preset))
     for assignment in overrides or []:
         apply_override(data, assignment)
-    return validate_config(data, str(path) if path else "demo config")
+    return validate_config(data, str(path) if path else f"preset {preset}")
 
 
 def dump_config(config: RunConfig) -> str:
