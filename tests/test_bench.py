@@ -83,7 +83,7 @@ def test_bench_runs_variants_and_writes_report(
     assert bench["rows"][0]["time_vs_seq_ft"] == pytest.approx(1.0)
     assert (out / "seq_ft" / "s1" / "results.json").is_file()
     html = (out / "report.html").read_text()
-    assert html.count("data:image/png;base64,") == 1 and "seq_ft@train.lr=1e-4" in html
+    assert html.count("data:image/png;base64,") == 3 and "seq_ft@train.lr=1e-4" in html
     assert (out / "plots" / "tradeoff.png").stat().st_size > 1000
     assert "| seq_ft |" in (out / "report.md").read_text()
 

@@ -20,7 +20,7 @@ def _save(fig: Any, path: Path) -> Path:
     return path
 
 
-def accuracy_heatmap(results: dict[str, Any], path: Path) -> Path:
+def accuracy_heatmap(results: dict[str, Any], path: Path, label: str = "") -> Path:
     """Rows: base and after each task; columns: sequence tasks then probes."""
     names = results["tasks"] + [f"{p}*" for p in results["probes"]]
     probes = results["probe_accuracy"] or [[] for _ in results["accuracy_matrix"]]
@@ -38,7 +38,8 @@ def accuracy_heatmap(results: dict[str, Any], path: Path) -> Path:
             va="center",
             color="white" if value < 0.6 else "black",
         )
-    ax.set_title("Accuracy after each task (* = retention probe)")
+    title = "Accuracy after each task (* = retention probe)"
+    ax.set_title(f"{label}: {title}" if label else title)
     fig.colorbar(image, ax=ax, fraction=0.04)
     return _save(fig, path)
 

@@ -78,6 +78,10 @@ def _html_table(headers: list[str], rows: list[list[str]]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+def _slug(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)
+
+
 def _read(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"nothing to report: {path} not found")
@@ -134,6 +138,12 @@ def sections_for_bench(
     bench: dict[str, Any], folder: Path
 ) -> tuple[str, list[Section], list[Path]]:
     pictures = [plots.tradeoff(bench["rows"], folder / "plots" / "tradeoff.png")]
+    for row in bench["rows"]:
+        first = next((r for r in bench["runs"] if r["variant"] == row["variant"]), None)
+        results_path = Path(first["folder"]) / "results.json" if first else None
+        if results_path is not None and results_path.is_file():
+            target = folder / "plots" / f"matrix-{_slug(row['variant'])}.png"
+            pictures.append(plots.accuracy_heatmap(_read(results_path), target, row["variant"]))
     note = (
         f"{bench['seeds']} seed(s) × {bench['orders']} task order(s) per variant; "
         "mean ± half-width of the 95% t-interval. Joint training (mtl) has no BWT/FWT."
