@@ -48,3 +48,11 @@ def test_collate_right_pads() -> None:
     assert batch["input_ids"].tolist() == [[5, 6, 7], [5, 0, 0]]
     assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
     assert batch["labels"].tolist() == [[-100, 6, 7], [5, -100, -100]]
+
+
+def test_collate_passes_example_index_through() -> None:
+    feats = [
+        {"input_ids": [5], "labels": [5], "index": [3]},
+        {"input_ids": [6], "labels": [6], "index": [0]},
+    ]
+    assert collate(feats, pad_id=0)["index"].tolist() == [3, 0]

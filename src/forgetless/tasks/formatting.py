@@ -59,7 +59,11 @@ def encode_example(tokenizer: Any, example: Example, max_length: int) -> Feature
 
 
 def collate(features: list[Features], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-pad a list of features into input_ids / attention_mask / labels tensors."""
+    """Right-pad features into input_ids / attention_mask / labels tensors.
+
+    An ``index`` key (an example's position in its dataset, as one-element list) passes through
+    as a tensor, so a loss can look up per-example targets cached ahead of training.
+    """
     width = max(len(f["input_ids"]) for f in features)
     ids = torch.full((len(features), width), pad_id, dtype=torch.long)
     labels = torch.full((len(features), width), IGNORE_INDEX, dtype=torch.long)
@@ -69,4 +73,7 @@ def collate(features: list[Features], pad_id: int) -> dict[str, torch.Tensor]:
         ids[row, :n] = torch.tensor(feat["input_ids"])
         labels[row, :n] = torch.tensor(feat["labels"])
         mask[row, :n] = 1
-    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+    batch = {"input_ids": ids, "attention_mask": mask, "labels": labels}
+    if all("index" in f for f in features):
+        batch["index"] = torch.tensor([f["index"][0] for f in features], dtype=torch.long)
+    return batch

@@ -43,6 +43,8 @@ class TrainStats:
     final_loss: float = float("nan")
     loss_terms: dict[str, float] = field(default_factory=dict)
     peak_memory_mb: float = 0.0
+    details: dict[str, Any] = field(default_factory=dict)
+    """Method-specific records (JSON-able) that go into ``results.json`` with the task's stats."""
 
     @property
     def steps_per_second(self) -> float:
@@ -61,6 +63,7 @@ class TrainStats:
             "final_loss": self.final_loss,
             "loss_terms": self.loss_terms,
             "peak_memory_mb": round(self.peak_memory_mb, 1),
+            **({"details": self.details} if self.details else {}),
         }
 
 

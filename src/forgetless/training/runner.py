@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import random
 from dataclasses import dataclass, field
@@ -285,11 +286,12 @@ class Runner:
             steps: int | None = None,
             lr: float | None = None,
             label: str = "train",
+            model: nn.Module | None = None,
         ) -> TrainStats:
             sub = TrainPlan(**{**plan.__dict__, "steps": steps or plan.steps, "lr": lr or plan.lr})
-            return loop.run(
-                features if features is not None else ctx.train_features, sub, loss_fn, label
-            )
+            runner = loop if model is None else dataclasses.replace(loop, model=model)
+            data = features if features is not None else ctx.train_features
+            return runner.run(data, sub, loss_fn, label)
 
         return method.train_task(Stage(ctx=ctx, sft=sft, out_dir=self.out_dir, plan=plan))
 
