@@ -101,3 +101,13 @@ def test_run_report(tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.Mo
     assert html.count("data:image/png;base64,") == 4
     for name in ["accuracy_matrix", "task_curves", "kl_drift", "forgetting"]:
         assert (tmp_path / "r" / "plots" / f"{name}.png").is_file()
+
+
+def test_compare_reports_only_separated_intervals() -> None:
+    from forgetless.bench.runner import compare
+
+    low = {"mean": -0.9, "low": -0.95, "high": -0.85, "n": 3}
+    high = {"mean": -0.2, "low": -0.3, "high": -0.1, "n": 3}
+    near = {"mean": -0.88, "low": -0.99, "high": -0.8, "n": 3}
+    assert compare(high, low) == "higher" and compare(low, high) == "lower"
+    assert compare(near, low) == "overlap" and compare(None, low) == "n/a"

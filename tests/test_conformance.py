@@ -27,6 +27,7 @@ METHOD_CASES: dict[str, dict[str, Any]] = {
     "ewc": {"name": "ewc", "lam": 1e4, "fisher_samples": 8, "fisher_batch_size": 4},
     "kl_sft": {"name": "kl_sft", "beta": 0.1},
     "low_lr": {"name": "low_lr", "lr_scale": 0.1},
+    "anchored": {"name": "anchored", "outer_iterations": 2, "inner_steps": 2, "top_k": 8},
 }
 
 

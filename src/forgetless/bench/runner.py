@@ -8,7 +8,7 @@ from typing import Any
 
 from rich.console import Console
 
-from forgetless.bench.stats import Interval, mean_interval
+from forgetless.bench.stats import Interval, mean_interval, separated
 from forgetless.bench.variants import Variant, run_folder_name, task_order
 from forgetless.config.loading import apply_override, validate_config
 from forgetless.config.schema import RunConfig
@@ -89,7 +89,18 @@ def aggregate(runs: list[dict[str, Any]], variants: list[Variant]) -> list[dict[
             reference["train_seconds"]["mean"] if reference and reference["train_seconds"] else None
         )
         row["time_vs_seq_ft"] = row["train_seconds"]["mean"] / base if base else None
+        row["bwt_vs_seq_ft"] = compare(row.get("bwt"), reference.get("bwt") if reference else None)
     return rows
+
+
+def compare(value: dict[str, Any] | None, reference: dict[str, Any] | None) -> str:
+    """'higher' / 'lower' when the 95% intervals separate, else 'overlap' (or 'n/a')."""
+    if value is None or reference is None:
+        return "n/a"
+    a, b = (Interval(v["mean"], v["low"], v["high"], v["n"]) for v in (value, reference))
+    if not separated(a, b):
+        return "overlap"
+    return "higher" if a.mean > b.mean else "lower"
 
 
 def run_bench(

@@ -166,7 +166,7 @@ def bench(
     table = Table(*HEADERS, title="Bench (mean ± 95% interval)")
     for row in bench_table_rows(result["rows"]):
         table.add_row(*row)
-    console.print(table)
+    console.print(table, width=max(console.width, 180))
     _, html_path = write_report(out_dir)
     console.print(f"bench: {out_dir / 'bench.json'}  report: {html_path}")
 

@@ -27,6 +27,7 @@ HEADERS = [
     "steps",
     "train s",
     "time ×seq_ft",
+    "BWT vs seq_ft",
 ]
 
 
@@ -47,9 +48,10 @@ def bench_table_rows(rows: list[dict[str, Any]]) -> list[list[str]]:
             cells[3] = cells[4] = cells[5] = "n/a (joint)"
         ratio = row.get("time_vs_seq_ft")
         cells += [
-            _cell(row["steps"]),
+            f"{row['steps']['mean']:.0f}" if row["steps"] else "n/a",
             _cell(row["train_seconds"]),
             f"{ratio:.2f}" if ratio else "n/a",
+            row.get("bwt_vs_seq_ft", "n/a"),
         ]
         table.append(cells)
     return table
