@@ -89,7 +89,8 @@ def aggregate(runs: list[dict[str, Any]], variants: list[Variant]) -> list[dict[
             reference["train_seconds"]["mean"] if reference and reference["train_seconds"] else None
         )
         row["time_vs_seq_ft"] = row["train_seconds"]["mean"] / base if base else None
-        row["bwt_vs_seq_ft"] = compare(row.get("bwt"), reference.get("bwt") if reference else None)
+        other = reference.get("bwt") if reference and row is not reference else None
+        row["bwt_vs_seq_ft"] = "reference" if row is reference else compare(row.get("bwt"), other)
     return rows
 
 
