@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from forgetless.errors import ConfigError
 
@@ -51,3 +51,13 @@ def task_order(n_tasks: int, seed: int, order: int) -> list[int]:
 
 def run_folder_name(seed: int, order: int, orders: int) -> str:
     return f"s{seed}" if orders == 1 else f"s{seed}-o{order}"
+
+
+def pop_bench_section(data: dict[str, Any], source: str) -> BenchSection:
+    """Remove and validate a config's ``bench:`` section (errors name the field, on one line)."""
+    from forgetless.config.loading import format_validation_error
+
+    try:
+        return BenchSection.model_validate(data.pop("bench", None) or {})
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err, f"{source}: bench")) from None

@@ -53,13 +53,22 @@ def run(
 def validate(
     config: Annotated[Path, typer.Argument(help="YAML config to check.")], set_: SetOpt = None
 ) -> None:
-    """Check a config without running anything (exit code 2 on error)."""
-    from forgetless.config.loading import load_config
+    """Check a config (and its bench variants) without running anything (exit 2 on error)."""
+    from forgetless.bench.runner import plan_runs
+    from forgetless.bench.variants import pop_bench_section
+    from forgetless.config.loading import apply_override, read_yaml, validate_config
 
-    cfg = load_config(config, set_)
+    data = read_yaml(config)
+    section = pop_bench_section(data, str(config))
+    for assignment in set_ or []:
+        apply_override(data, assignment)
+    cfg = validate_config(data, str(config))
+    planned = plan_runs(data, section.variants, 1, 1, Path("."))
     names = ", ".join(t.display_name for t in cfg.tasks)
+    extra = f"; {len(planned)} bench variants ok" if planned else ""
     console.print(
-        f"ok: {config} — method {cfg.method.name}, {cfg.finetune.mode} fine-tuning, tasks: {names}"
+        f"ok: {config} — method {cfg.method.name}, {cfg.finetune.mode} fine-tuning, "
+        f"tasks: {names}{extra}"
     )
 
 
@@ -136,14 +145,14 @@ def bench(
 ) -> None:
     """Run methods side by side on one sequence, seeds and budget; write bench.json + report."""
     from forgetless.bench.runner import run_bench
-    from forgetless.bench.variants import BenchSection, parse_variant
+    from forgetless.bench.variants import parse_variant, pop_bench_section
     from forgetless.config.demo import DEMO_BENCH_METHODS
     from forgetless.config.loading import apply_override, config_data
     from forgetless.methods import registered_methods
     from forgetless.report.render import HEADERS, bench_table_rows, write_report
 
     data = dict(config_data(config, preset))
-    section = BenchSection.model_validate(data.pop("bench", None) or {})
+    section = pop_bench_section(data, str(config) if config else f"preset {preset}")
     for assignment in set_ or []:
         apply_override(data, assignment)
     if methods == "all":
