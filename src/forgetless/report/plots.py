@@ -106,14 +106,19 @@ def pareto_front(points: list[tuple[float, float]]) -> list[int]:
 
 
 def tradeoff(rows: list[dict[str, Any]], path: Path) -> Path:
-    """New-task gain against probe retention, one point per variant, Pareto front marked."""
+    """New-task gain against probe retention, one point per variant, Pareto front marked.
+
+    Each variant has its own colour in the legend; points on the front are filled, others hollow.
+    """
     usable = [r for r in rows if r.get("gain") and r.get("retention")]
     points = [(r["retention"]["mean"], r["gain"]["mean"]) for r in usable]
     front = set(pareto_front(points))
-    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    colours = plt.get_cmap("tab10")
     for i, (row, (x, y)) in enumerate(zip(usable, points, strict=True)):
         xerr = [[x - row["retention"]["low"]], [row["retention"]["high"] - x]]
         yerr = [[y - row["gain"]["low"]], [row["gain"]["high"] - y]]
+        colour = colours(i % 10)
         ax.errorbar(
             x,
             y,
@@ -121,20 +126,23 @@ def tradeoff(rows: list[dict[str, Any]], path: Path) -> Path:
             yerr=yerr,
             fmt="o",
             capsize=3,
-            color="tab:green" if i in front else "tab:gray",
+            color=colour,
+            markersize=8,
+            markerfacecolor=colour if i in front else "white",
+            label=row["variant"],
         )
-        ax.annotate(row["variant"], (x, y), textcoords="offset points", xytext=(5, 5), fontsize=8)
     if front:
         ordered = sorted(points[i] for i in front)
         ax.plot(
             [p[0] for p in ordered],
             [p[1] for p in ordered],
-            color="tab:green",
+            color="black",
             linestyle=":",
-            label="Pareto front",
+            linewidth=1,
+            label="Pareto front (filled)",
         )
-        ax.legend()
     ax.set_xlabel("probe retention (higher keeps more)")
     ax.set_ylabel("gain on new tasks (plasticity)")
     ax.set_title("Learning vs keeping (95% intervals)")
+    ax.legend(fontsize=8, loc="best")
     return _save(fig, path)
