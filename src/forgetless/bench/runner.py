@@ -83,7 +83,7 @@ def aggregate(runs: list[dict[str, Any]], variants: list[Variant]) -> list[dict[
             interval = mean_interval([r[key] for r in mine])
             row[key] = interval.as_dict() if interval else None
         rows.append(row)
-    reference = next((r for r in rows if r["variant"] == "seq_ft"), None)
+    reference = next((r for r in rows if r["method"] == "seq_ft"), None)
     for row in rows:
         base = (
             reference["train_seconds"]["mean"] if reference and reference["train_seconds"] else None
