@@ -36,7 +36,9 @@ test-slow: setup  ## long end-to-end and fault-injection tests
 
 bench: setup
 	$(PY) benchmarks/throughput.py
+	$(PY) benchmarks/anchored_overhead.py
 	$(PY) benchmarks/demo_time.py
+	$(PY) benchmarks/demo_time.py --bench
 
 clean:
 	rm -rf $(VENV) runs
