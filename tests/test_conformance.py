@@ -28,6 +28,7 @@ METHOD_CASES: dict[str, dict[str, Any]] = {
     "kl_sft": {"name": "kl_sft", "beta": 0.1},
     "low_lr": {"name": "low_lr", "lr_scale": 0.1},
     "anchored": {"name": "anchored", "outer_iterations": 2, "inner_steps": 2, "top_k": 8},
+    "sae_fd": {"name": "sae_fd", "sae_cache": "run", "sae": {"steps": 20, "n_per_task": 4}},
 }
 
 

@@ -11,9 +11,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from forgetless.cli.sae import app as sae_app
 from forgetless.errors import ForgetlessError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+app.add_typer(sae_app, name="sae")
 console = Console()
 err_console = Console(stderr=True)
 

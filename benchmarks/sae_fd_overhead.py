@@ -1,0 +1,248 @@
+"""Overhead of ``sae_fd`` against SeqLoRA (``seq_ft`` with one carried LoRA adapter), side by side.
+
+1. Step: one optimizer step of sae_fd (task forward + cross-entropy, an anchor batch re-run up to
+   the last MLP, the frozen gated SAE on both, backward, AdamW) against one SeqLoRA step, same
+   model, adapter, data, batches and optimizer, at anchor batches of ¼, ½ and 1 × the task batch.
+   Each case runs in a fresh subprocess (so its peak memory is its own); the cases alternate
+   order over ``--repeats`` and the ratios are of medians. Peak memory is CUDA's allocator peak on
+   a GPU, else the process's peak resident set over the timed steps (``VmHWM`` reset after the
+   warm-up where Linux allows, else ``ru_maxrss``).
+2. Storage: bytes per anchor token (float16 MLP outputs + token id) and per task at
+   ``--anchor-samples`` anchors, against the same anchors with float32 outputs.
+
+The SAE is a randomly initialised gated SAE of the trained one's shape (D = 8·d): its cost does not
+depend on its weights. Targets (issue 5): step time <= 1.4x SeqLoRA's at an anchor batch of a
+quarter of the task batch; anchor MLP outputs at <= half of float32's bytes. The paper reports
+about 1.85x SeqLoRA's compute per step and about 0.8 GB of anchors per task (a 7B model, d = 4096);
+its summary does not state the anchor batch behind the 1.85x.
+
+Run: ``python benchmarks/sae_fd_overhead.py [--steps 100] [--repeats 3]``; the report goes to
+``benchmarks/results/sae_fd_overhead.json``. A quick check that it runs:
+``python benchmarks/sae_fd_overhead.py --steps 2 --warmup 1 --repeats 1 --n-train 32 \
+--anchor-samples 8 --batch-size 8 --out /tmp/sae_fd_overhead.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from forgetless.config.demo import SMALL_MODEL
+from forgetless.config.schema import FinetuneConfig, ModelConfig, TinyModelConfig
+from forgetless.methods.base import Method, RunInfo, TaskContext, create_method
+from forgetless.methods.sae_fd import SAEFD, SAEFDConfig
+from forgetless.methods.seq_ft import SeqFTConfig
+from forgetless.models.adapters import Finetuner
+from forgetless.models.tiny import build_char_tokenizer, build_tiny_model
+from forgetless.sae.gated import GatedSAE, GatedSAEConfig, freeze
+from forgetless.sae.train import input_scale
+from forgetless.tasks.builtin import build_builtin_task
+from forgetless.tasks.formatting import Features, encode_example
+from forgetless.training.loop import StepLoop, TrainPlan
+
+OUT = Path(__file__).parent / "results" / "sae_fd_overhead.json"
+TARGETS = {"step_time_ratio_at_quarter": 1.4, "anchor_output_bytes_ratio": 0.5}
+PAPER = {"step_compute_ratio": 1.85, "anchor_gb_per_task": 0.8}
+
+
+def _device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _tiny(preset: str) -> TinyModelConfig:
+    return ModelConfig().tiny if preset == "tiny" else TinyModelConfig.model_validate(SMALL_MODEL)
+
+
+def _features(name: str, tokenizer: Any, n: int) -> tuple[Any, list[Features]]:
+    task = build_builtin_task(name, n_train=n, n_eval=4, seed=0)
+    return task, [encode_example(tokenizer, e, 64) for e in task.train]
+
+
+def _context(model: Any, tokenizer: Any, name: str, n: int, index: int) -> TaskContext:
+    task, features = _features(name, tokenizer, n)
+    info = RunInfo(0, Path("."), ["cipher", "reverse"], [], "lora", lora_regime="carry")
+    return TaskContext(info, index, task, model, tokenizer, features, [], _device())
+
+
+def _status_kb(field: str) -> float | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(f"{field}:"):
+                return float(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def _reset_rss_peak() -> bool:
+    """Reset the kernel's resident-set high-water mark (Linux >= 4.0)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return _status_kb("VmHWM") is not None
+
+
+def _peak_mb(device: torch.device, hwm_reset: bool) -> tuple[float, str]:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated() / 2**20, "cuda"
+    if hwm_reset:
+        return (_status_kb("VmHWM") or 0.0) / 2**10, "vmhwm"
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return (rss / 2**20 if sys.platform == "darwin" else rss / 2**10), "ru_maxrss"
+
+
+def run_case(case: str, fraction: float, args: argparse.Namespace) -> None:
+    """One case in this (fresh) process; prints one JSON line."""
+    torch.set_flush_denormal(True)
+    device = _device()
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_model(_tiny(args.preset), len(tokenizer), seed=0).to(device)
+    finetuner = Finetuner(model, FinetuneConfig.model_validate({"mode": "lora"}))
+    finetuner.begin_task(1)
+    model = finetuner.model.to(device)
+    method: Method = create_method(SeqFTConfig())
+    storage: dict[str, Any] = {}
+    if case == "sae_fd":
+        sae_method = SAEFD(
+            SAEFDConfig.model_validate(
+                {"anchor_samples": args.anchor_samples, "anchor_batch_fraction": fraction}
+            )
+        )
+        storage = sae_method.capture_anchors(_context(model, tokenizer, "cipher", args.n_train, 1))
+        d = int(sae_method.buffer.h.size(-1))
+        scale = input_scale(sae_method.buffer.h.float())
+        sae_cfg = GatedSAEConfig(d_in=d, d_sae=8 * d, input_scale=scale)
+        sae_method.sae = freeze(GatedSAE(sae_cfg, seed=0)).to(device)
+        method = sae_method
+    ctx = _context(model, tokenizer, "reverse", args.n_train, 2)
+    handles = method.register_hooks(ctx) if case == "sae_fd" else []
+    stamps: list[float] = []
+    loop = StepLoop(model, method, ctx, tokenizer.pad_token_id)
+    loop.on_step = lambda name, terms: stamps.append(time.perf_counter())
+    plan = TrainPlan(steps=args.warmup, batch_size=args.batch_size, lr=1e-3, seed=0)
+    loop.run(ctx.train_features, plan)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    hwm_reset = device.type == "cpu" and _reset_rss_peak()
+    stamps.clear()
+    start = time.perf_counter()
+    plan = TrainPlan(steps=args.steps, batch_size=args.batch_size, lr=1e-3, seed=1)
+    loop.run(ctx.train_features, plan)
+    times = [b - a for a, b in zip([start, *stamps[:-1]], stamps, strict=True)]
+    peak, measure = _peak_mb(device, hwm_reset)
+    for handle in handles:
+        handle.remove()
+    record = {
+        "case": case,
+        "fraction": fraction,
+        "median_step_s": statistics.median(times),
+        "peak_mb": peak,
+        "memory": measure,
+        **({"storage": storage} if storage else {}),
+    }
+    print(json.dumps(record))
+
+
+def _subprocess(case: str, fraction: float, args: argparse.Namespace) -> dict[str, Any]:
+    command = [sys.executable, __file__, "--case", case, "--fraction", str(fraction)]
+    for flag in ("steps", "warmup", "batch_size", "n_train", "anchor_samples", "threads"):
+        command += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
+    command += ["--preset", args.preset]
+    out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    return dict(json.loads(out.strip().splitlines()[-1]))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=100, help="timed steps per case")
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--n-train", type=int, default=512)
+    parser.add_argument("--anchor-samples", type=int, default=128, help="N_a per task")
+    parser.add_argument("--fractions", default="0.25,0.5,1", help="anchor batch / task batch")
+    parser.add_argument("--preset", choices=["tiny", "small"], default="tiny", help="model size")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    parser.add_argument("--out", type=Path, default=OUT, help="where the JSON report goes")
+    parser.add_argument("--case", choices=["seqlora", "sae_fd"], help=argparse.SUPPRESS)
+    parser.add_argument("--fraction", type=float, default=0.25, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.case:
+        run_case(args.case, args.fraction, args)
+        return
+    fractions = [float(f) for f in args.fractions.split(",")]
+    cases = [("seqlora", 0.0)] + [("sae_fd", f) for f in fractions]
+    runs: dict[str, list[dict[str, Any]]] = {_name(*c): [] for c in cases}
+    for repeat in range(args.repeats):
+        for case in cases if repeat % 2 == 0 else cases[::-1]:
+            runs[_name(*case)].append(_subprocess(*case, args))
+
+    def median(name: str, key: str) -> float:
+        return statistics.median(r[key] for r in runs[name])
+
+    base_step, base_mem = median("seqlora", "median_step_s"), median("seqlora", "peak_mb")
+    curve = [
+        {
+            "anchor_batch_fraction": f,
+            "anchor_batch": max(1, round(f * args.batch_size)),
+            "median_step_s": median(_name("sae_fd", f), "median_step_s"),
+            "step_time_ratio": round(median(_name("sae_fd", f), "median_step_s") / base_step, 3),
+            "peak_mb": median(_name("sae_fd", f), "peak_mb"),
+            "peak_memory_ratio": round(median(_name("sae_fd", f), "peak_mb") / base_mem, 3),
+        }
+        for f in fractions
+    ]
+    storage = runs[_name("sae_fd", fractions[0])][0]["storage"]
+    storage["output_bytes_ratio"] = round(_output_bytes_ratio(storage), 3)
+    storage["float32_bytes_per_task"] = storage["float32_bytes_per_token"] * storage["tokens"]
+    quarter = next((c for c in curve if c["anchor_batch_fraction"] == 0.25), None)
+    measured = {
+        "step_time_ratio_at_quarter": quarter["step_time_ratio"] if quarter else None,
+        "anchor_output_bytes_ratio": storage["output_bytes_ratio"],
+    }
+    report = {
+        "device": str(_device()),
+        "settings": {k: v for k, v in vars(args).items() if k not in ("case", "fraction", "out")},
+        "memory_measure": runs["seqlora"][0]["memory"],
+        "seqlora": {"median_step_s": base_step, "peak_mb": base_mem},
+        "sae_fd": curve,
+        "storage": storage,
+        "targets": TARGETS,
+        "measured": measured,
+        "meets_targets": {
+            k: (measured[k] is not None and measured[k] <= v)  # type: ignore[operator]
+            for k, v in TARGETS.items()
+        },
+        "paper": PAPER,
+        "runs": runs,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps({k: report[k] for k in ("seqlora", "sae_fd", "storage", "meets_targets")}))
+
+
+def _name(case: str, fraction: float) -> str:
+    return case if case == "seqlora" else f"sae_fd@{fraction:g}"
+
+
+def _output_bytes_ratio(storage: dict[str, Any]) -> float:
+    """Bytes of the stored MLP outputs over the same outputs in float32 (token ids left out)."""
+    id_bytes = storage["float32_bytes_per_token"] - 4 * storage["d"]
+    return (storage["bytes_per_token"] - id_bytes) / (4 * storage["d"])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,201 @@
+"""Gated sparse autoencoders on the base model's last-layer MLP outputs (the space of sae_fd)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+if TYPE_CHECKING:
+    import torch
+
+    from forgetless.config.schema import RunConfig
+    from forgetless.sae.train import SAETrainConfig
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+console = Console()
+
+ConfigArg = Annotated[
+    Optional[Path],  # noqa: UP045
+    typer.Argument(help="YAML run config (its model; its sae_fd settings); omit for the preset."),
+]
+PresetOpt = Annotated[str, typer.Option(help="Built-in preset when no CONFIG: tiny or small.")]
+SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="Override: key.path=value")]  # noqa: UP045
+TasksOpt = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(help="Comma-separated built-in task names (default: every built-in task)."),
+]
+QuietOpt = Annotated[bool, typer.Option(help="No progress bars.")]
+
+
+def _base_model(cfg: RunConfig, quiet: bool) -> tuple[Any, Any, torch.device, str]:
+    """The run's base model (pretraining the tiny one first if needed), on the best device."""
+    import torch
+
+    from forgetless.models.loading import load_model_and_tokenizer, resolve_source
+    from forgetless.models.pretrain import ensure_base_model
+
+    source = cfg.model.name_or_path or str(ensure_base_model(cfg.model, console, not quiet))
+    source = resolve_source(source)
+    model, tokenizer = load_model_and_tokenizer(cfg.model, source)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model.to(device)  # type: ignore[arg-type]
+    return model, tokenizer, device, source
+
+
+def _load_config(config: Path | None, set_: list[str] | None, preset: str) -> RunConfig:
+    """The run config (a bench config's ``bench:`` section is set aside), with overrides."""
+    import copy
+
+    from forgetless.bench.variants import pop_bench_section
+    from forgetless.config.loading import apply_override, config_data, validate_config
+
+    source = str(config) if config else f"preset {preset}"
+    data = copy.deepcopy(config_data(config, preset))
+    pop_bench_section(data, source)
+    for assignment in set_ or []:
+        apply_override(data, assignment)
+    return validate_config(data, source)
+
+
+def _task_list(tasks: str | None) -> list[str | dict[str, Any]] | None:
+    names = [t.strip() for t in (tasks or "").split(",") if t.strip()]
+    return list(names) or None
+
+
+def _metrics_table(metrics: dict[str, dict[str, float]]) -> Table:
+    table = Table("data", "tokens", "MSE", "explained variance", "L0", "dead features")
+    for split, m in metrics.items():
+        table.add_row(
+            split,
+            str(m["tokens"]),
+            f"{m['mse']:.4g}",
+            f"{m['explained_variance']:.4f}",
+            f"{m['l0']:.2f}",
+            f"{m['dead_fraction']:.2%}",
+        )
+    return table
+
+
+def _settings(cfg: RunConfig, overrides: dict[str, Any]) -> SAETrainConfig:
+    from forgetless.sae.train import SAETrainConfig
+
+    start = getattr(cfg.method, "sae", None) if cfg.method.name == "sae_fd" else None
+    base = start if isinstance(start, SAETrainConfig) else SAETrainConfig.model_validate({})
+    chosen = {k: v for k, v in overrides.items() if v is not None}
+    return SAETrainConfig.model_validate({**base.model_dump(), **chosen})
+
+
+@app.command()
+def train(
+    config: ConfigArg = None,
+    set_: SetOpt = None,
+    preset: PresetOpt = "tiny",
+    out: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(help="Folder (default: the cache sae_fd reads for this base and settings)."),
+    ] = None,
+    expansion: Annotated[Optional[int], typer.Option(help="D / d.")] = None,  # noqa: UP045
+    l1: Annotated[Optional[float], typer.Option(help="λ_sparse.")] = None,  # noqa: UP045
+    steps: Annotated[Optional[int], typer.Option(help="Adam steps.")] = None,  # noqa: UP045
+    batch_size: Annotated[Optional[int], typer.Option(help="Tokens per step.")] = None,  # noqa: UP045
+    lr: Annotated[Optional[float], typer.Option(help="Learning rate.")] = None,  # noqa: UP045
+    n_per_task: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option(help="Examples per task."),
+    ] = None,
+    tasks: TasksOpt = None,
+    seed: Annotated[Optional[int], typer.Option(help="Seed.")] = None,  # noqa: UP045
+    quiet: QuietOpt = False,
+) -> None:
+    """Train a gated SAE on the base model's last-layer MLP outputs; save it with its config.
+
+    Settings start from the config's sae_fd ``sae`` block (else the defaults); with no --out the
+    SAE goes where an sae_fd run on the same base and settings looks for it, so a bench does not
+    train it again.
+    """
+    from forgetless.sae.activations import fit_sae, model_fingerprint, shared_sae_dir
+    from forgetless.sae.gated import save_sae
+    from forgetless.training.checkpoint import atomic_dir
+    from forgetless.training.progress import Progress
+
+    cfg = _load_config(config, set_, preset)
+    overrides = {
+        "expansion": expansion,
+        "l1_coeff": l1,
+        "steps": steps,
+        "batch_size": batch_size,
+        "lr": lr,
+        "n_per_task": n_per_task,
+        "tasks": _task_list(tasks),
+        "seed": seed,
+    }
+    settings = _settings(cfg, overrides)
+    model, tokenizer, device, source = _base_model(cfg, quiet)
+    max_length = cfg.train.max_length
+    folder = out or shared_sae_dir(model_fingerprint(model, tokenizer), settings, max_length)
+    with (
+        Progress(console, enabled=not quiet) as bars,
+        bars.task("train sae", settings.steps) as advance,
+    ):
+        sae, record = fit_sae(model, tokenizer, settings, max_length, device, on_step=advance)
+    record["model"] = source
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_dir(folder) as tmp:
+        save_sae(sae, tmp, record)
+    console.print(
+        f"gated SAE d={sae.d_in} → D={sae.d_sae} on {record['train_tokens']} tokens "
+        f"({len(record['sources'])} sources)"
+    )
+    console.print(_metrics_table(record["metrics"]))
+    console.print(f"saved: {folder}")
+
+
+@app.command("eval")
+def evaluate(
+    sae_dir: Annotated[Path, typer.Argument(help="Folder with sae.safetensors + sae_config.json.")],
+    config: ConfigArg = None,
+    set_: SetOpt = None,
+    preset: PresetOpt = "tiny",
+    tasks: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            help="Comma-separated built-in tasks (default: the CONFIG's tasks and "
+            "probes, or every built-in task without a CONFIG)."
+        ),
+    ] = None,
+    n_per_task: Annotated[int, typer.Option(help="Examples per task.")] = 300,
+    split: Annotated[str, typer.Option(help="Which split of each task: eval or train.")] = "eval",
+    seed: Annotated[int, typer.Option(help="Seed of the built-in data.")] = 0,
+    quiet: QuietOpt = False,
+) -> None:
+    """Reconstruction MSE, explained variance, L0 and dead-feature fraction of a saved SAE on
+    the base model's last-layer MLP outputs over the given data."""
+    from forgetless.errors import ConfigError
+    from forgetless.sae.activations import collect_mlp_outputs, example_features, sae_examples
+    from forgetless.sae.gated import load_sae
+    from forgetless.sae.train import sae_metrics
+
+    if split not in ("eval", "train"):
+        raise ConfigError(f"--split must be eval or train, not {split!r}")
+    cfg = _load_config(config, set_, preset)
+    model, tokenizer, device, _ = _base_model(cfg, quiet)
+    try:
+        sae = load_sae(sae_dir, device)
+    except (FileNotFoundError, ValueError) as err:
+        raise ConfigError(str(err)) from None
+    sources = _task_list(tasks)
+    if sources is None and config is not None:
+        sources = [t.model_dump(mode="json", exclude_none=True) for t in [*cfg.tasks, *cfg.probes]]
+    examples = sae_examples(sources, n_per_task, seed, split)
+    features = example_features(examples, tokenizer, cfg.train.max_length)
+    acts = collect_mlp_outputs(model, features, tokenizer.pad_token_id, device)
+    if acts.size(-1) != sae.d_in:
+        raise ConfigError(
+            f"the SAE encodes d={sae.d_in}, the model's MLP outputs d={acts.size(-1)}"
+        )
+    metrics = sae_metrics(sae, acts).as_dict()
+    console.print(_metrics_table({f"{split} ({', '.join(examples)})": metrics}))
