@@ -28,23 +28,28 @@ def timed_demo(cache: Path, out: Path, bench: bool) -> float:
 
 
 def main() -> None:
+    bench = "--bench" in sys.argv[1:]
     work = Path(tempfile.mkdtemp(prefix="forgetless-demo-bench-"))
     try:
-        cold = timed_demo(work / "cache", work / "cold")
-        warm = timed_demo(work / "cache", work / "warm")
-        results = json.loads((work / "warm" / "results.json").read_text())
+        cold = timed_demo(work / "cache", work / "cold", bench)
+        warm = timed_demo(work / "cache", work / "warm", bench)
+        name = "bench.json" if bench else "results.json"
+        results = json.loads((work / "warm" / name).read_text())
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    report = {
-        "cold_seconds": round(cold, 1),
-        "warm_seconds": round(warm, 1),
-        "targets": {"cold_seconds": 300, "warm_seconds": 120},
-        "metrics": results["metrics"],
-        "accuracy_matrix": results["accuracy_matrix"],
-        "probe_accuracy": results["probe_accuracy"],
-    }
-    OUT.parent.mkdir(exist_ok=True)
-    OUT.write_text(json.dumps(report, indent=2) + "\n")
+    report: dict[str, object] = {"cold_seconds": round(cold, 1), "warm_seconds": round(warm, 1)}
+    if bench:
+        report |= {"targets": {"cold_seconds": 600}, "runs": results["runs"]}
+    else:
+        report |= {
+            "targets": {"cold_seconds": 300, "warm_seconds": 120},
+            "metrics": results["metrics"],
+            "accuracy_matrix": results["accuracy_matrix"],
+            "probe_accuracy": results["probe_accuracy"],
+        }
+    out = OUT.with_name("demo_bench_time.json") if bench else OUT
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))
 
 

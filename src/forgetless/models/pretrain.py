@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 from rich.console import Console
+from transformers.utils import logging as hf_logging
 
 from forgetless.config.schema import ModelConfig
 from forgetless.eval.scoring import evaluate_task
@@ -102,6 +103,7 @@ def pretrain_base(
         "config": {"tiny": cfg.tiny.model_dump(), "pretrain": p.model_dump()},
     }
     folder.parent.mkdir(parents=True, exist_ok=True)
+    hf_logging.disable_progress_bar()
     with atomic_dir(folder) as tmp:
         model.save_pretrained(str(tmp))
         tokenizer.save_pretrained(str(tmp))

@@ -192,7 +192,7 @@ def write_report(folder: Path) -> tuple[Path, Path]:
 _HTML_HEAD = """<!doctype html><html><head><meta charset="utf-8"><title>{title}</title><style>
 body {{ font-family: system-ui, sans-serif; margin: 2em; max-width: 1100px; }}
 table {{ border-collapse: collapse; margin: 1em 0; }}
-td, th {{ border: 1px solid #ccc; padding: 4px 8px; text-align: right; }}
+td, th {{ border: 1px solid #ccc; padding: 4px 8px; text-align: right; white-space: nowrap; }}
 th {{ background: #f3f3f3; }} img {{ max-width: 100%; }}
 </style></head><body>
 """
