@@ -144,5 +144,12 @@ def tradeoff(rows: list[dict[str, Any]], path: Path) -> Path:
     ax.set_xlabel("probe retention (higher keeps more)")
     ax.set_ylabel("gain on new tasks (plasticity)")
     ax.set_title("Learning vs keeping (95% intervals)")
-    ax.legend(fontsize=8, loc="best")
+    if usable:
+        ax.legend(fontsize=8, loc="best")
+    else:
+        message = (
+            "no variant has both a gain and a probe retention\n"
+            "(retention needs probes the base model solves)"
+        )
+        ax.text(0.5, 0.5, message, ha="center", va="center", transform=ax.transAxes)
     return _save(fig, path)
