@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import statistics
 import subprocess
 import sys
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from peak_memory import peak_mb, start_window  # benchmarks/ is on sys.path when run as a script
 from rich.console import Console
 
 from forgetless.config.loading import validate_config
@@ -113,27 +113,6 @@ def build_cache(work: Path, n_train: int, top_k: int, alpha: float, space: str) 
     }
 
 
-def _status_kb(field: str) -> float | None:
-    """A ``/proc/self/status`` memory field in KiB (Linux), else None."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(f"{field}:"):
-                return float(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
-def _reset_rss_peak() -> bool:
-    """Reset the kernel's resident-set high-water mark (Linux >= 4.0), so that the peak read
-    after the timed steps is theirs, not the imports' (which outweigh a tiny model)."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        return False
-    return _status_kb("VmHWM") is not None
-
-
 def run_case(case: str, work: Path, n_train: int, steps: int, warmup: int, batch: int) -> None:
     """One case in this (fresh) process; prints one JSON line."""
     torch.set_flush_denormal(True)
@@ -155,10 +134,7 @@ def run_case(case: str, work: Path, n_train: int, steps: int, warmup: int, batch
     loop.on_step = lambda name, terms: stamps.append(time.perf_counter())
     if case != "idle":
         loop.run(features, TrainPlan(steps=warmup, batch_size=batch, lr=1e-3, seed=0), loss_fn)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-    hwm_reset = device.type == "cpu" and _reset_rss_peak()
+    hwm_reset = start_window(device)
     if case != "idle":
         stamps.clear()
         start = time.perf_counter()
@@ -166,14 +142,7 @@ def run_case(case: str, work: Path, n_train: int, steps: int, warmup: int, batch
         times = [b - a for a, b in zip([start, *stamps[:-1]], stamps, strict=True)]
     else:
         times = [0.0]
-    if device.type == "cuda":
-        peak = torch.cuda.max_memory_allocated() / 2**20
-    elif hwm_reset:
-        peak = (_status_kb("VmHWM") or 0.0) / 2**10
-    else:
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        peak = rss / 2**20 if sys.platform == "darwin" else rss / 2**10
-    measure = "cuda" if device.type == "cuda" else "vmhwm" if hwm_reset else "ru_maxrss"
+    peak, measure = peak_mb(device, hwm_reset)
     record = {"case": case, "median_step_s": statistics.median(times), "peak_mb": peak}
     print(json.dumps({**record, "memory": measure}))
 

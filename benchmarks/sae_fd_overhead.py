@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import statistics
 import subprocess
 import sys
@@ -35,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from peak_memory import peak_mb, start_window  # benchmarks/ is on sys.path when run as a script
 
 from forgetless.config.demo import SMALL_MODEL
 from forgetless.config.schema import FinetuneConfig, ModelConfig, TinyModelConfig
@@ -73,34 +73,6 @@ def _context(model: Any, tokenizer: Any, name: str, n: int, index: int) -> TaskC
     return TaskContext(info, index, task, model, tokenizer, features, [], _device())
 
 
-def _status_kb(field: str) -> float | None:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(f"{field}:"):
-                return float(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
-def _reset_rss_peak() -> bool:
-    """Reset the kernel's resident-set high-water mark (Linux >= 4.0)."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        return False
-    return _status_kb("VmHWM") is not None
-
-
-def _peak_mb(device: torch.device, hwm_reset: bool) -> tuple[float, str]:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated() / 2**20, "cuda"
-    if hwm_reset:
-        return (_status_kb("VmHWM") or 0.0) / 2**10, "vmhwm"
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return (rss / 2**20 if sys.platform == "darwin" else rss / 2**10), "ru_maxrss"
-
-
 def run_case(case: str, fraction: float, args: argparse.Namespace) -> None:
     """One case in this (fresh) process; prints one JSON line."""
     torch.set_flush_denormal(True)
@@ -131,16 +103,13 @@ def run_case(case: str, fraction: float, args: argparse.Namespace) -> None:
     loop.on_step = lambda name, terms: stamps.append(time.perf_counter())
     plan = TrainPlan(steps=args.warmup, batch_size=args.batch_size, lr=1e-3, seed=0)
     loop.run(ctx.train_features, plan)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-    hwm_reset = device.type == "cpu" and _reset_rss_peak()
+    hwm_reset = start_window(device)
     stamps.clear()
     start = time.perf_counter()
     plan = TrainPlan(steps=args.steps, batch_size=args.batch_size, lr=1e-3, seed=1)
     loop.run(ctx.train_features, plan)
     times = [b - a for a, b in zip([start, *stamps[:-1]], stamps, strict=True)]
-    peak, measure = _peak_mb(device, hwm_reset)
+    peak, measure = peak_mb(device, hwm_reset)
     for handle in handles:
         handle.remove()
     record = {
