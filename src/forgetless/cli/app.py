@@ -11,11 +11,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from forgetless.cli.diagnose import app as diagnose_app
 from forgetless.cli.sae import app as sae_app
 from forgetless.errors import ForgetlessError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 app.add_typer(sae_app, name="sae")
+app.add_typer(diagnose_app, name="diagnose")
 console = Console()
 err_console = Console(stderr=True)
 

@@ -1,0 +1,1 @@
+"""Diagnostics of a finished run: update geometry and its conflict with the evolving state."""
