@@ -8,12 +8,13 @@ import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors.torch import load_file, save_file
 
-from forgetless.methods.base import MethodState
+if TYPE_CHECKING:  # the methods package imports its methods, which import this module
+    from forgetless.methods.base import MethodState
 
 TENSORS_FILE = "method_state.safetensors"
 META_FILE = "method_state.json"
