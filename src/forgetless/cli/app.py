@@ -12,6 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from forgetless.cli.diagnose import app as diagnose_app
+from forgetless.cli.options import PresetOpt, SetOpt
 from forgetless.cli.sae import app as sae_app
 from forgetless.errors import ForgetlessError
 
@@ -22,8 +23,6 @@ console = Console()
 err_console = Console(stderr=True)
 
 ConfigArg = Annotated[Path | None, typer.Argument(help="YAML config; omit for the built-in demo.")]
-PresetOpt = Annotated[str, typer.Option(help="Built-in preset when no CONFIG: tiny or small.")]
-SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="Override: key.path=value")]  # noqa: UP045
 
 
 @app.command()

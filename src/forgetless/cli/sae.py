@@ -9,6 +9,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from forgetless.cli.options import PresetOpt, SetOpt
+
 if TYPE_CHECKING:
     import torch
 
@@ -22,8 +24,6 @@ ConfigArg = Annotated[
     Optional[Path],  # noqa: UP045
     typer.Argument(help="YAML run config (its model; its sae_fd settings); omit for the preset."),
 ]
-PresetOpt = Annotated[str, typer.Option(help="Built-in preset when no CONFIG: tiny or small.")]
-SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="Override: key.path=value")]  # noqa: UP045
 TasksOpt = Annotated[
     Optional[str],  # noqa: UP045
     typer.Option(help="Comma-separated built-in task names (default: every built-in task)."),
