@@ -1,0 +1,1 @@
+"""Layer-wise relevance propagation to parameters (AttnLRP rules) and importance maps."""

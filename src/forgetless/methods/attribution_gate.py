@@ -1,0 +1,184 @@
+"""Attribution-guided fine-tuning: LRP importance of past tasks gates each parameter's update."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any, ClassVar, Literal
+
+import torch
+from pydantic import Field
+from torch import nn
+
+from forgetless.attribution.importance import (
+    MapAccumulator,
+    gate_update_,
+    historical_max,
+    keep_factor,
+)
+from forgetless.attribution.relevance import sample_relevance
+from forgetless.errors import ConfigError
+from forgetless.methods.base import (
+    Capability,
+    Method,
+    MethodConfig,
+    MethodState,
+    ReduceOp,
+    StepContext,
+    TaskContext,
+    TaskEndContext,
+    register_method,
+)
+from forgetless.tasks.formatting import collate
+
+MAP_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+class AttributionGateConfig(MethodConfig):
+    name: Literal["attribution_gate"] = Field(
+        "attribution_gate", description="LRP-importance gating of updates (Liu et al. 2026)."
+    )
+    gate: Literal["update", "gradient"] = Field(
+        "update",
+        description="What 1 − R̄ scales. 'update' (default): the optimizer's step, weight decay "
+        "included. 'gradient': the gradient, as in the paper; under Adam a constant per-"
+        "coordinate gradient scale largely cancels between the two moments.",
+    )
+    top_fraction: float = Field(
+        0.01,
+        gt=0,
+        le=1,
+        description="Per tensor and sample, relevance is divided by the mean of its top "
+        "fraction of entries (top-K mean) and clipped at 1.",
+    )
+    log_scale: bool = Field(
+        True, description="Compress relevance as log1p(|R| / mean |R|) before normalizing."
+    )
+    max_samples: int = Field(
+        64, ge=1, description="Training examples scored at task end; the correct ones count."
+    )
+    map_dtype: Literal["float16", "bfloat16", "float32"] = Field(
+        "float16", description="Storage precision of the aggregated map R̄ (one value per weight)."
+    )
+
+
+@register_method
+class AttributionGate(Method):
+    """Attribution-guided continual fine-tuning (Liu et al. 2026, "Attribution-Guided Continual
+    Learning for Large Language Models", arXiv:2605.05285). After each task, parameter relevance
+    (``θ ⊙ ∂θ`` under AttnLRP's rules, ``forgetless.attribution``) of the predicted logits of the
+    training samples the model answers correctly, normalized per sample and averaged, gives the
+    task map ``R_t ∈ [0, 1]``; ``R̄ = [max_τ R_τ]₊`` is kept as one map. While training later
+    tasks each trainable weight's update is scaled by ``1 − R̄`` (``gate='update'``, default) or
+    its gradient is (``gate='gradient'``, the paper's form). The optimizer (AdamW) is created
+    afresh for each task, so its state is reset at task boundaries.
+    """
+
+    name = "attribution_gate"
+    config_cls = AttributionGateConfig
+    capabilities = frozenset(
+        {
+            Capability.UPDATE_GATE,
+            Capability.ACTIVATION_HOOKS,
+            Capability.TASK_END,
+            Capability.STATE,
+        }
+    )
+    reduce_ops: ClassVar[Mapping[str, ReduceOp]] = {"importance": "max"}
+
+    def __init__(self, config: MethodConfig) -> None:
+        super().__init__(config)
+        assert isinstance(config, AttributionGateConfig)
+        self.cfg = config
+        self.importance: dict[str, torch.Tensor] = {}
+        self.tasks_seen = 0
+        self._keep: dict[str, torch.Tensor] = {}
+
+    def register_hooks(self, ctx: TaskContext) -> list[torch.utils.hooks.RemovableHandle]:
+        _check_regime(ctx.run.lora_regime)
+        self._keep = self._keep_factors(ctx.model)
+        if self.cfg.gate != "gradient":
+            return []
+        params = dict(ctx.model.named_parameters())
+        return [params[n].register_hook(_scaler(keep)) for n, keep in self._keep.items()]
+
+    def gate_update(
+        self, model: nn.Module, pre_step: dict[str, torch.Tensor], ctx: StepContext
+    ) -> None:
+        if self.cfg.gate != "update" or not self._keep:
+            return
+        for name, param in model.named_parameters():
+            keep = self._keep.get(name)
+            if keep is not None:
+                gate_update_(param, pre_step[name], keep)
+
+    def on_task_end(self, ctx: TaskEndContext) -> None:
+        task = ctx.task
+        names = {n for n, p in task.model.named_parameters() if p.requires_grad}
+        accumulator = MapAccumulator(self.cfg.top_fraction, self.cfg.log_scale)
+        gen = torch.Generator().manual_seed(task.run.seed * 1000 + task.task_index)
+        order = torch.randperm(len(task.train_features), generator=gen)[: self.cfg.max_samples]
+        start = time.perf_counter()
+        for i in order.tolist():
+            batch = collate([task.train_features[i]], task.tokenizer.pad_token_id)
+            batch = {k: v.to(task.device) for k, v in batch.items()}
+            result = sample_relevance(task.model, batch, names)
+            if result.correct:
+                accumulator.add(result.relevance)
+        seconds = time.perf_counter() - start
+        dtype = MAP_DTYPES[self.cfg.map_dtype]
+        new = {n: m.to(dtype).cpu() for n, m in accumulator.mean().items()}
+        self.importance = historical_max(self.importance, new)
+        self.tasks_seen += 1
+        ctx.stats.details["attribution"] = _summary(
+            new, self.importance, accumulator.count, len(order), seconds
+        )
+
+    def state_dict(self) -> MethodState:
+        return {"importance": dict(self.importance), "tasks_seen": self.tasks_seen}
+
+    def load_state_dict(self, state: MethodState) -> None:
+        self.importance = dict(state.get("importance", {}))
+        self.tasks_seen = int(state.get("tasks_seen", 0))
+
+    def _keep_factors(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """``1 − R̄`` per trainable weight that has a map, on its device and in its dtype."""
+        out = {}
+        for name, param in model.named_parameters():
+            if param.requires_grad and name in self.importance:
+                out[name] = keep_factor(self.importance[name], param.dtype).to(param.device)
+        return out
+
+
+def _scaler(keep: torch.Tensor) -> Any:
+    return lambda grad: grad * keep
+
+
+def _summary(
+    new: Mapping[str, torch.Tensor],
+    aggregated: Mapping[str, torch.Tensor],
+    n_correct: int,
+    n_scored: int,
+    seconds: float,
+) -> dict[str, Any]:
+    def stats(maps: Mapping[str, torch.Tensor]) -> dict[str, float]:
+        if not maps:
+            return {"mean": 0.0, "frac_above_half": 0.0}
+        flat = torch.cat([m.float().flatten() for m in maps.values()])
+        return {"mean": float(flat.mean()), "frac_above_half": float((flat > 0.5).float().mean())}
+
+    return {
+        "samples_scored": n_scored,
+        "samples_correct": n_correct,
+        "seconds_per_sample": seconds / max(1, n_scored),
+        "task_map": stats(new),
+        "aggregated_map": stats(aggregated),
+    }
+
+
+def _check_regime(regime: str | None) -> None:
+    if regime not in (None, "carry"):
+        raise ConfigError(
+            f"method 'attribution_gate' keeps its map by parameter name: with LoRA it needs "
+            f"regime carry, not {regime!r} (a new adapter per task has no past relevance)"
+        )
