@@ -12,6 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from forgetless.cli.diagnose import app as diagnose_app
+from forgetless.cli.merge import merge as merge_command
 from forgetless.cli.options import PresetOpt, SetOpt
 from forgetless.cli.sae import app as sae_app
 from forgetless.errors import ForgetlessError
@@ -19,6 +20,7 @@ from forgetless.errors import ForgetlessError
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 app.add_typer(sae_app, name="sae")
 app.add_typer(diagnose_app, name="diagnose")
+app.command(name="merge")(merge_command)
 console = Console()
 err_console = Console(stderr=True)
 

@@ -1,0 +1,54 @@
+"""Wiring shared by the continual merge methods: train from the merged state, then merge in place.
+
+Task ``t`` trains from ``θ_{t−1}`` (the merged state); its update is ``Δ_t = θ_after − θ_{t−1}``
+over the trainable weights (full fine-tuning: every weight; a LoRA ``carry`` adapter: its A and
+B, merged as parameters). A method turns the updates into an increment ``ι_t`` and the model is
+set to ``θ_t = θ_{t−1} + ι_t`` in place, so evaluation, the checkpoint and the next task all see
+the merged weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import torch
+from torch import nn
+
+from forgetless.errors import ConfigError
+from forgetless.methods.base import Stage
+from forgetless.training.loop import TrainStats
+
+Tensors = dict[str, torch.Tensor]
+Increment = Callable[[Tensors, Stage], Tensors]
+
+
+def trainable(model: nn.Module) -> dict[str, nn.Parameter]:
+    return {n: p for n, p in model.named_parameters() if p.requires_grad}
+
+
+def check_regime(method: str, regime: str | None) -> None:
+    if regime not in (None, "carry"):
+        raise ConfigError(
+            f"method {method!r} merges the trainable weights after each task: with LoRA it needs "
+            f"regime carry, not {regime!r}"
+        )
+
+
+def write_back(params: Mapping[str, nn.Parameter], before: Tensors, increments: Tensors) -> None:
+    """``θ ← θ_{t−1} + ι`` for every trainable weight, in its own dtype and device."""
+    with torch.no_grad():
+        for name, param in params.items():
+            new = before[name].float() + increments[name].to(before[name].device).float()
+            param.copy_(new.to(param.dtype))
+
+
+def train_then_merge(method: str, stage: Stage, increment: Increment) -> TrainStats:
+    """Snapshot θ_{t−1}, train through the shared loop, merge ``Δ_t`` by ``increment``."""
+    check_regime(method, stage.ctx.run.lora_regime)
+    params = trainable(stage.ctx.model)
+    before = {n: p.detach().clone() for n, p in params.items()}
+    stats = stage.sft()
+    with torch.no_grad():
+        deltas = {n: p.detach().float() - before[n].float() for n, p in params.items()}
+    write_back(params, before, increment(deltas, stage))
+    return stats

@@ -1,0 +1,307 @@
+"""Merge task checkpoints into a base model one tensor at a time, from and to safetensors.
+
+For each weight of the base only that tensor and the matching tensor (or LoRA factors) of every
+task are in memory; the merged tensor is appended to the output file, whose header is written
+first from the base's shapes, so peak memory stays near one layer's worth per model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import torch
+
+from forgetless.diagnostics.geometry import LowRank
+from forgetless.diagnostics.geometry_run import TIED, TensorFiles, _adapter_terms
+from forgetless.errors import ConfigError
+from forgetless.merging.config import (
+    DareMerge,
+    GCWMMerge,
+    MergeConfig,
+    OPCMMerge,
+    TaskArithmeticMerge,
+    TiesMerge,
+)
+from forgetless.merging.dare import dare
+from forgetless.merging.opcm import opcm_accumulate, opcm_lambda
+from forgetless.merging.task_arithmetic import COMPUTE, task_vector, weighted_sum
+from forgetless.merging.ties import ties_merge
+
+WEIGHTS_FILE = "model.safetensors"
+COPIED = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "added_tokens.json",
+)
+ST_DTYPES = {
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.float64: "F64",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+}
+OUT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+Delta = torch.Tensor | LowRank
+
+
+class StreamWriter:
+    """A safetensors file written tensor by tensor in a fixed order, then renamed into place."""
+
+    def __init__(self, path: Path, specs: list[tuple[str, torch.dtype, tuple[int, ...]]]) -> None:
+        header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+        offset = 0
+        for name, dtype, shape in specs:
+            size = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+            header[name] = {"dtype": ST_DTYPES[dtype], "shape": list(shape)}
+            header[name]["data_offsets"] = [offset, offset + size]
+            offset += size
+        raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
+        raw += b" " * (-len(raw) % 8)
+        self.path, self.tmp = path, path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        self.order = [(name, dtype, tuple(shape)) for name, dtype, shape in specs]
+        self.done = 0
+        self.handle: BinaryIO = self.tmp.open("wb")
+        self.handle.write(struct.pack("<Q", len(raw)) + raw)
+
+    def write(self, name: str, tensor: torch.Tensor) -> None:
+        want = self.order[self.done]
+        got = (name, tensor.dtype, tuple(tensor.shape))
+        if got != want:
+            raise ValueError(f"StreamWriter expected {want}, got {got}")
+        data = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+        self.handle.write(data.numpy().tobytes())
+        self.done += 1
+
+    def close(self) -> None:
+        """Flush, check every tensor came, and rename the temp file over ``path``."""
+        self.handle.flush()
+        os.fsync(self.handle.fileno())
+        self.handle.close()
+        if self.done != len(self.order):
+            self.tmp.unlink()
+            raise ValueError(f"StreamWriter got {self.done} of {len(self.order)} tensors")
+        os.replace(self.tmp, self.path)
+
+    def abort(self) -> None:
+        self.handle.close()
+        self.tmp.unlink(missing_ok=True)
+
+
+def weight_files(folder: Path) -> list[Path]:
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ConfigError(f"{folder}: no safetensors weights")
+    return files
+
+
+def adapter_key(module: str) -> str:
+    """PEFT module path → the base weight it adapts (``base_model.model.X`` → ``X.weight``)."""
+    prefix = "base_model.model."
+    return (module[len(prefix) :] if module.startswith(prefix) else module) + ".weight"
+
+
+class TaskSource:
+    """One task: a full checkpoint (``θ_t − θ_base``) or a PEFT adapter (``s·B·A``, factored)."""
+
+    def __init__(self, folder: Path) -> None:
+        if not folder.is_dir():
+            raise ConfigError(f"tasks: no such folder: {folder}")
+        self.folder = folder
+        self.is_adapter = (folder / "adapter_config.json").is_file()
+        if self.is_adapter:
+            terms = _adapter_terms(folder)
+            self.terms = {adapter_key(m): t for m, t in terms.items()}
+        else:
+            self.files = TensorFiles(weight_files(folder))
+
+    def delta(self, name: str, base: torch.Tensor) -> Delta | None:
+        """This task's update of base weight ``name`` (None when it leaves it unchanged)."""
+        if self.is_adapter:
+            return self.terms.get(name)
+        aliases = [name, TIED.get(name), *(k for k, v in TIED.items() if v == name)]
+        key = next((k for k in aliases if k is not None and k in self.files.where), None)
+        return None if key is None else task_vector(base, self.files.get(key))
+
+
+def dense(delta: Delta | None, like: torch.Tensor) -> torch.Tensor:
+    if delta is None:
+        return torch.zeros_like(like, dtype=COMPUTE)
+    return delta.dense().to(COMPUTE) if isinstance(delta, LowRank) else delta.to(COMPUTE)
+
+
+def is_layer_matrix(name: str, tensor: torch.Tensor) -> bool:
+    """2-D floating weights of the blocks (embeddings and the LM head excluded)."""
+    return (
+        tensor.ndim == 2
+        and tensor.is_floating_point()
+        and "embed" not in name
+        and "lm_head" not in name
+    )
+
+
+@dataclass
+class MergeStats:
+    """Per-tensor records of a merge (GCWM conflicts and gates, OPCM's λ)."""
+
+    layers: dict[str, dict[str, float]] = field(default_factory=dict)
+    scalars: dict[str, float] = field(default_factory=dict)
+
+
+def merge_update(
+    cfg: MergeConfig,
+    name: str,
+    index: int,
+    base: torch.Tensor,
+    deltas: list[Delta | None],
+    stats: MergeStats,
+) -> torch.Tensor:
+    """The merged update of one tensor for every method but OPCM (float32)."""
+    method, weights = cfg.method, [t.weight for t in cfg.tasks]
+    if isinstance(method, TaskArithmeticMerge):
+        return method.scaling * weighted_sum([dense(d, base) for d in deltas], weights)
+    if isinstance(method, TiesMerge):
+        return method.scaling * ties_merge(
+            [dense(d, base) for d in deltas], method.density, weights
+        )
+    if isinstance(method, DareMerge):
+        kept = []
+        for t, d in enumerate(deltas):
+            gen = torch.Generator().manual_seed(method.seed * 1_000_003 + index * 1_009 + t)
+            kept.append(dare(dense(d, base), method.drop_rate, gen))
+        return method.scaling * weighted_sum(kept, weights)
+    assert isinstance(method, GCWMMerge)
+    plain = weighted_sum([dense(d, base) for d in deltas], weights)
+    if not is_layer_matrix(name, base):
+        return plain
+    from forgetless.experimental.gcwm import gcwm_layer
+
+    factored = [_factored(d, base, method.rank) for d in deltas]
+    layer = gcwm_layer(factored, weights, method.options())
+    stats.layers[name] = {"conflict": layer.conflict, "gate": layer.gate}
+    return plain + layer.correction.dense().to(COMPUTE)
+
+
+def _factored(delta: Delta | None, base: torch.Tensor, rank: int) -> LowRank:
+    from forgetless.experimental.gcwm import truncate
+
+    if isinstance(delta, LowRank):
+        return delta
+    if delta is None:
+        m, d = base.shape
+        return LowRank(
+            torch.zeros(m, 0, dtype=torch.float64), torch.zeros(0, d, dtype=torch.float64)
+        )
+    return truncate(delta, rank)[0]
+
+
+def _opcm_layer(
+    name: str, base: torch.Tensor, deltas: list[Delta | None], alpha: float
+) -> tuple[torch.Tensor, list[float]]:
+    """``R_T`` of one tensor (tasks in order) and each task's squared update norm on it."""
+    accumulated: torch.Tensor | None = None
+    norms = []
+    for d in deltas:
+        delta = dense(d, base)
+        norms.append(float(delta.pow(2).sum()))
+        accumulated = opcm_accumulate(accumulated, delta, alpha, is_layer_matrix(name, base))
+    assert accumulated is not None
+    return accumulated, norms
+
+
+def _specs(files: TensorFiles) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+    from safetensors import safe_open
+
+    by_name = {v: k for k, v in ST_DTYPES.items()}
+    specs = []
+    for name in files.names():
+        with safe_open(str(files.where[name]), framework="pt") as handle:
+            piece = handle.get_slice(name)
+            specs.append((name, by_name[piece.get_dtype()], tuple(piece.get_shape())))
+    return specs
+
+
+def copy_model_files(base_dir: Path, out: Path) -> None:
+    """config.json, generation config and tokenizer files (not weights or shard indexes)."""
+    if not (base_dir / "config.json").is_file():
+        raise ConfigError(f"base_model: {base_dir} has no config.json")
+    for file_name in COPIED:
+        if (base_dir / file_name).is_file():
+            shutil.copy2(base_dir / file_name, out / file_name)
+
+
+def stream_merge(
+    cfg: MergeConfig, out: Path, progress: Callable[[str], None] | None = None
+) -> MergeStats:
+    """Write ``out/`` as a loadable HF model folder holding the merge (see module docstring)."""
+    if not cfg.base_model.is_dir():
+        raise ConfigError(f"base_model: no such folder: {cfg.base_model}")
+    base = TensorFiles(weight_files(cfg.base_model))
+    sources = [TaskSource(t.path) for t in cfg.tasks]
+    out.mkdir(parents=True, exist_ok=True)
+    copy_model_files(cfg.base_model, out)
+    specs = _specs(base)
+    out_dtype = OUT_DTYPES.get(cfg.dtype)
+    specs = [(n, out_dtype if out_dtype and d.is_floating_point else d, s) for n, d, s in specs]
+    stats, scale = MergeStats(), 1.0
+    method = cfg.method
+    if isinstance(method, OPCMMerge):
+        scale = _opcm_scale(base, sources, method.alpha, stats)
+    writer = StreamWriter(out / WEIGHTS_FILE, specs)
+    try:
+        for index, (name, dtype, _) in enumerate(specs):
+            theta = base.get(name)
+            if theta.is_floating_point():
+                deltas = [s.delta(name, theta) for s in sources]
+                if isinstance(method, OPCMMerge):
+                    update = _opcm_layer(name, theta, deltas, method.alpha)[0] / scale
+                else:
+                    update = merge_update(cfg, name, index, theta, deltas, stats)
+                theta = theta.to(COMPUTE) + update
+            writer.write(name, theta.to(dtype))
+            if progress is not None:
+                progress(name)
+    except BaseException:
+        writer.abort()
+        raise
+    writer.close()
+    record = {"config": cfg.model_dump(mode="json"), "layers": stats.layers, **stats.scalars}
+    (out / "merge.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    return stats
+
+
+def _opcm_scale(
+    base: TensorFiles, sources: list[TaskSource], alpha: float, stats: MergeStats
+) -> float:
+    """First pass of OPCM: ``λ_T = ‖R_T‖ / mean_t ‖τ_t‖`` over the whole model."""
+    r_sq, task_sq = 0.0, [0.0] * len(sources)
+    for name in base.names():
+        theta = base.get(name)
+        if not theta.is_floating_point():
+            continue
+        accumulated, norms = _opcm_layer(
+            name, theta, [s.delta(name, theta) for s in sources], alpha
+        )
+        r_sq += float(accumulated.pow(2).sum())
+        task_sq = [a + b for a, b in zip(task_sq, norms, strict=True)]
+    lam = opcm_lambda(r_sq**0.5, [v**0.5 for v in task_sq])
+    stats.scalars["opcm_lambda"] = lam
+    return lam

@@ -1,0 +1,111 @@
+"""Continual GCWM (experimental): merge each task's update under the shared Wasserstein metric."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from forgetless.diagnostics.geometry import LowRank
+from forgetless.merging.config import GCWMParams
+from forgetless.merging.continual import Tensors, train_then_merge
+from forgetless.methods.base import (
+    Capability,
+    Method,
+    MethodConfig,
+    MethodState,
+    Stage,
+    register_method,
+)
+from forgetless.training.loop import TrainStats
+
+
+class GCWMConfig(MethodConfig, GCWMParams):
+    name: Literal["gcwm"] = Field("gcwm", description="Geometry-conflict Wasserstein merging.")
+    scaling: float = Field(
+        1.0,
+        ge=0,
+        description="w, each task's weight in the plain branch Σ_t w Δ_t and in the consensus "
+        "(1: the plain branch is sequential fine-tuning). Toolkit default.",
+    )
+
+
+def _is_matrix(name: str, shape: tuple[int, ...]) -> bool:
+    return len(shape) == 2 and "embed" not in name and "lm_head" not in name
+
+
+@register_method
+class GCWM(Method):
+    """GCWM, from "Geometry Conflict: Explaining and Controlling Forgetting in LLM Continual
+    Post-Training" (experimental: ``forgetless.experimental.gcwm``, docs/merging.md). Task t
+    trains from the merged state; per weight matrix the updates Δ_1..Δ_t of the active tasks
+    (kept as rank-``rank`` factors) give a shared metric (their Gaussian Wasserstein barycenter),
+    a conflict κ and a gated geometry-aware correction C_t. The merged update is
+    Σ_i w Δ_i + C_t, applied incrementally: θ_t = θ_{t−1} + w Δ_t + C_t − C_{t−1}. Other
+    weights (norms, embeddings) take the plain branch. State: the factors and C_{t−1}.
+    """
+
+    name = "gcwm"
+    config_cls = GCWMConfig
+    capabilities = frozenset({Capability.TRAIN_STAGE, Capability.STATE})
+
+    def __init__(self, config: MethodConfig) -> None:
+        super().__init__(config)
+        assert isinstance(config, GCWMConfig)
+        self.cfg = config
+        self.updates: list[dict[str, dict[str, Any]]] = []
+        self.correction: dict[str, dict[str, Any]] = {}
+
+    def train_task(self, stage: Stage) -> TrainStats:
+        details: dict[str, Any] = {}
+
+        def increment(deltas: Tensors, _: Stage) -> Tensors:
+            from forgetless.experimental.gcwm import gcwm_layer, truncate
+
+            opts = self.cfg.options()
+            own: dict[str, dict[str, Any]] = {}
+            out, conflicts, gates = {}, [], []
+            for name, delta in deltas.items():
+                out[name] = self.cfg.scaling * delta
+                if not _is_matrix(name, tuple(delta.shape)):
+                    continue
+                factors = truncate(delta.cpu(), self.cfg.rank)[0]
+                own[name] = {"left": factors.left, "right": factors.right}
+                history = [LowRank(u[name]["left"], u[name]["right"]) for u in self.updates]
+                layer = gcwm_layer(
+                    [*history, factors], [self.cfg.scaling] * (len(history) + 1), opts
+                )
+                change = layer.correction.dense()
+                if name in self.correction:
+                    old = self.correction[name]
+                    change = change - old["left"].to(change) @ old["right"].to(change)
+                out[name] = out[name] + change.to(delta)
+                self.correction[name] = {
+                    "left": layer.correction.left.cpu(),
+                    "right": layer.correction.right.cpu(),
+                }
+                conflicts.append(layer.conflict)
+                gates.append(layer.gate)
+            self.updates.append(own)
+            if conflicts:
+                details.update(
+                    gcwm_conflict_mean=sum(conflicts) / len(conflicts),
+                    gcwm_gate_mean=sum(gates) / len(gates),
+                    gcwm_layers=len(conflicts),
+                )
+            return out
+
+        stats = train_then_merge(self.name, stage, increment)
+        stats.details.update(details)
+        return stats
+
+    def state_dict(self) -> MethodState:
+        return {
+            "updates": {str(i): u for i, u in enumerate(self.updates)},
+            "correction": dict(self.correction),
+        }
+
+    def load_state_dict(self, state: MethodState) -> None:
+        stored = state.get("updates", {})
+        self.updates = [dict(stored[k]) for k in sorted(stored, key=int)]
+        self.correction = dict(state.get("correction", {}))

@@ -1,0 +1,46 @@
+"""Continual task arithmetic: each task's update enters the merged model scaled by λ."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from forgetless.merging.continual import Tensors, train_then_merge
+from forgetless.methods.base import Capability, Method, MethodConfig, Stage, register_method
+from forgetless.training.loop import TrainStats
+
+
+class TaskArithmeticConfig(MethodConfig):
+    name: Literal["task_arithmetic"] = Field(
+        "task_arithmetic", description="Continual task arithmetic."
+    )
+    scaling: float = Field(
+        0.5,
+        ge=0,
+        description="λ in θ_t = θ_0 + λ Σ_i Δ_i. Ilharco et al. pick λ on held-out data from "
+        "[0, 1]; 1 reproduces sequential fine-tuning. Toolkit default 0.5.",
+    )
+
+
+@register_method
+class TaskArithmetic(Method):
+    """Task arithmetic (Ilharco et al. 2023, "Editing Models with Task Arithmetic", ICLR) run
+    continually: task t trains from the merged state θ_{t−1}; its update Δ_t enters as
+    θ_t = θ_{t−1} + λ Δ_t, i.e. θ_t = θ_0 + λ Σ_{i≤t} Δ_i. Keeps no state beyond the model.
+    """
+
+    name = "task_arithmetic"
+    config_cls = TaskArithmeticConfig
+    capabilities = frozenset({Capability.TRAIN_STAGE})
+
+    def __init__(self, config: MethodConfig) -> None:
+        super().__init__(config)
+        assert isinstance(config, TaskArithmeticConfig)
+        self.cfg = config
+
+    def train_task(self, stage: Stage) -> TrainStats:
+        def increment(deltas: Tensors, _: Stage) -> Tensors:
+            return {n: self.cfg.scaling * d for n, d in deltas.items()}
+
+        return train_then_merge(self.name, stage, increment)

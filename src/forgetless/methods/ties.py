@@ -1,0 +1,76 @@
+"""Continual TIES-merging: the merged update is TIES over every task's update so far."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pydantic import Field
+
+from forgetless.merging.continual import Tensors, train_then_merge
+from forgetless.merging.ties import ties_merge
+from forgetless.methods.base import (
+    Capability,
+    Method,
+    MethodConfig,
+    MethodState,
+    Stage,
+    register_method,
+)
+from forgetless.training.loop import TrainStats
+
+
+class TiesConfig(MethodConfig):
+    name: Literal["ties"] = Field("ties", description="Continual TIES-merging.")
+    density: float = Field(
+        0.2, gt=0, le=1, description="k, the share of entries kept per tensor (paper: top-20%)."
+    )
+    scaling: float = Field(
+        1.0, ge=0, description="λ on the merged task vector (paper: 1 without validation data)."
+    )
+
+
+@register_method
+class Ties(Method):
+    """TIES-merging (Yadav et al. 2023, "TIES-Merging: Resolving Interference When Merging
+    Models", NeurIPS) run continually: after task t the model is θ_0 + λ·TIES(Δ_1, …, Δ_t), each
+    Δ_i the update of task i from the merged state it started at. Applied as the change
+    λ·(TIES(Δ_{≤t}) − TIES(Δ_{<t})) so θ_0 is never needed. Memory: every task's update of the
+    trainable weights is kept (on the CPU, and in the checkpoint's method state).
+    """
+
+    name = "ties"
+    config_cls = TiesConfig
+    capabilities = frozenset({Capability.TRAIN_STAGE, Capability.STATE})
+
+    def __init__(self, config: MethodConfig) -> None:
+        super().__init__(config)
+        assert isinstance(config, TiesConfig)
+        self.cfg = config
+        self.updates: list[Tensors] = []
+
+    def _merged(self, name: str, upto: int, device: torch.device) -> torch.Tensor | None:
+        vectors = [u[name].to(device) for u in self.updates[:upto]]
+        return ties_merge(vectors, self.cfg.density) if vectors else None
+
+    def train_task(self, stage: Stage) -> TrainStats:
+        def increment(deltas: Tensors, _: Stage) -> Tensors:
+            previous = len(self.updates)
+            self.updates.append({n: d.detach().cpu() for n, d in deltas.items()})
+            out = {}
+            for name, delta in deltas.items():
+                now = self._merged(name, previous + 1, delta.device)
+                before = self._merged(name, previous, delta.device)
+                assert now is not None
+                change = now if before is None else now - before
+                out[name] = self.cfg.scaling * change
+            return out
+
+        return train_then_merge(self.name, stage, increment)
+
+    def state_dict(self) -> MethodState:
+        return {"updates": {str(i): dict(u) for i, u in enumerate(self.updates)}}
+
+    def load_state_dict(self, state: MethodState) -> None:
+        stored = state.get("updates", {})
+        self.updates = [dict(stored[k]) for k in sorted(stored, key=int)]
