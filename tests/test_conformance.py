@@ -29,6 +29,12 @@ METHOD_CASES: dict[str, dict[str, Any]] = {
     "low_lr": {"name": "low_lr", "lr_scale": 0.1},
     "anchored": {"name": "anchored", "outer_iterations": 2, "inner_steps": 2, "top_k": 8},
     "sae_fd": {"name": "sae_fd", "sae_cache": "run", "sae": {"steps": 20, "n_per_task": 4}},
+    "task_arithmetic": {"name": "task_arithmetic", "scaling": 0.5},
+    "ties": {"name": "ties", "density": 0.5},
+    "opcm": {"name": "opcm", "alpha": 0.5},
+    "gcwm": {"name": "gcwm", "rank": 4},
+    "attribution_gate": {"name": "attribution_gate", "max_samples": 4},
+    "rl": {"name": "rl", "rl_steps": 2, "prompts_per_step": 2, "group_size": 2, "beta": 0.1},
 }
 
 

@@ -62,3 +62,157 @@ def geometry(
     console.print(corr)
     target = out or run_dirs[0] / "geometry.json"
     console.print(f"geometry: {target}  plot: {data['plot']}")
+
+
+@app.command()
+def attribution(
+    run_dir: Annotated[Path, typer.Argument(help="Finished run folder.")],
+    independent: Annotated[
+        Optional[list[Path]],  # noqa: UP045
+        typer.Option(help="One-task runs from the base (repeat the option), for the overlap."),
+    ] = None,
+    out: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(help="Output JSON (default RUN_DIR/attribution.json)."),
+    ] = None,
+    samples: Annotated[int, typer.Option(help="Training samples scored per task.")] = 32,
+    top: Annotated[float, typer.Option(help="Top-K fraction of the map normalization.")] = 0.01,
+    overlap: Annotated[float, typer.Option(help="Top fraction whose sets are compared.")] = 0.05,
+) -> None:
+    """Per task: the LRP importance map's summary; the overlap of tasks' important sets."""
+    from forgetless.diagnostics.attribution_run import diagnose_attribution
+
+    data = diagnose_attribution(run_dir, independent, out, samples, top, overlap)
+    table = Table(title="Importance map per task (on the checkpoint after it)")
+    for column in ["task", "correct/scored", "mean R", "share R > 0.5", "s/sample"]:
+        table.add_column(column)
+    for row in data["per_task"]:
+        table.add_row(
+            row["task"],
+            f"{row['correct']}/{row['samples']}"
+            + (" (all used)" if row["fallback_all_samples"] else ""),
+            _fmt(row["map"]["mean"]),
+            _fmt(row["map"]["frac_above_half"]),
+            _fmt(row["seconds_per_sample"], 3),
+        )
+    console.print(table)
+    pairs = Table(
+        title=f"Jaccard of the top {overlap:.0%} sets (random: {data['random_jaccard']:.3f})"
+    )
+    for column in ["training", "tasks", "overall"]:
+        pairs.add_column(column)
+    for kind in ("sequential", "independent"):
+        for pair in data.get(kind, []):
+            pairs.add_row(kind, " / ".join(pair["tasks"]), _fmt(pair["jaccard"]["overall"], 3))
+    console.print(pairs)
+    console.print(f"attribution: {out or run_dir / 'attribution.json'}")
+
+
+def _common_parent(paths: list[Path]) -> Path:
+    import os
+
+    return Path(os.path.commonpath([str(p.resolve()) for p in paths]))
+
+
+@app.command()
+def circuits(
+    checkpoints: Annotated[
+        list[Path], typer.Argument(help="Model folders; the first is the base.")
+    ],
+    behaviour: Annotated[
+        str, typer.Option(help="A built-in task's prompts and answers, or a JSONL file.")
+    ] = "copy",
+    n: Annotated[int, typer.Option(help="Examples of the behaviour.")] = 16,
+    counterfactual: Annotated[
+        str, typer.Option(help="mean (mean ablation) or corrupt (corrupted prompts).")
+    ] = "mean",
+    steps: Annotated[int, typer.Option(help="DBM optimisation steps.")] = 200,
+    lr: Annotated[float, typer.Option(help="DBM learning rate (Adam on mask logits).")] = 0.1,
+    temperature: Annotated[float, typer.Option(help="τ of the mask sigmoid σ(ℓ/τ).")] = 1.0,
+    sparsity: Annotated[float, typer.Option(help="λ of the Σ mask penalty.")] = 0.05,
+    shift: Annotated[float, typer.Option(help="|Δm_h| threshold for mask-shift classes.")] = 0.1,
+    specialist: Annotated[
+        float, typer.Option(help="Necessity and sufficiency share for a critical specialist.")
+    ] = 0.1,
+    delta: Annotated[float, typer.Option(help="δ of differential vulnerability.")] = 0.1,
+    chunk: Annotated[int, typer.Option(help="Masked copies per effects forward pass.")] = 64,
+    seed: Annotated[int, typer.Option(help="Seed for the behaviour data and DBM.")] = 0,
+    out: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(help="Output JSON (default: circuits.json beside the checkpoints)."),
+    ] = None,
+) -> None:
+    """Head-level circuits (DBM) of each checkpoint vs the base: size, faithfulness, retention,
+    mediation (DCM), specialists, SFT/RL vulnerability; a table and plots."""
+    from forgetless.diagnostics.circuits_run import (
+        TABLE_COLUMNS,
+        DBMSettings,
+        Thresholds,
+        diagnose_circuits,
+    )
+
+    if counterfactual not in ("mean", "corrupt"):
+        raise typer.BadParameter("--counterfactual must be mean or corrupt")
+    target = out or _common_parent(checkpoints) / "circuits.json"
+    data = diagnose_circuits(
+        checkpoints,
+        behaviour,
+        target,
+        n=n,
+        seed=seed,
+        kind=counterfactual,  # type: ignore[arg-type]
+        dbm=DBMSettings(steps, lr, temperature, sparsity, seed),
+        thresholds=Thresholds(shift, specialist, delta),
+        chunk=chunk,
+    )
+    table = Table(title=f"Circuits on {data['behaviour']}")
+    for column in TABLE_COLUMNS:
+        table.add_column(column)
+    for row in data["rows"]:
+        table.add_row(*[_fmt(row.get(c), 3) for c in TABLE_COLUMNS])
+    console.print(table)
+    for v in data["vulnerability"]:
+        o = v["overall"]
+        console.print(
+            f"epoch {v['epoch']}: SFT-vulnerable {int(o['a_vulnerable'])}, RL-vulnerable "
+            f"{int(o['b_vulnerable'])} of {int(o['heads'])} base-circuit heads"
+        )
+    console.print(f"circuits: {target}  table: {target.with_suffix('.md')}")
+    console.print(f"plots: {data['plots']['masks']}  {data['plots']['retention']}")
+
+
+@app.command()
+def drift(
+    checkpoints: Annotated[
+        list[Path], typer.Argument(help="Model folders; the first is the base.")
+    ],
+    probes: Annotated[
+        str, typer.Option(help="Comma-separated built-in retention probes.")
+    ] = "copy,upper,facts,add",
+    n: Annotated[int, typer.Option(help="Probe examples per probe.")] = 32,
+    seed: Annotated[int, typer.Option(help="Seed of the probe data.")] = 0,
+    out: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(help="Output JSON (default: drift.json beside the checkpoints)."),
+    ] = None,
+) -> None:
+    """Output-space KL of each checkpoint against the base on the probes, beside probe accuracy."""
+    from forgetless.diagnostics.drift_run import diagnose_drift
+
+    target = out or _common_parent(checkpoints) / "drift.json"
+    names = [p.strip() for p in probes.split(",") if p.strip()]
+    data = diagnose_drift(checkpoints, names, target, n=n, seed=seed)
+    table = Table(title="Drift against the base")
+    for column in ["model", "KL(base‖model)", "KL(model‖base)", "probe accuracy", *names]:
+        table.add_column(column)
+    for row in data["rows"]:
+        per = [_fmt(row["probes"][p]["accuracy"], 2) for p in names]
+        table.add_row(
+            row["model"],
+            _fmt(row["kl_base_to_model"]),
+            _fmt(row["kl_model_to_base"]),
+            _fmt(row["accuracy"], 3),
+            *per,
+        )
+    console.print(table)
+    console.print(f"drift: {target}")
