@@ -19,14 +19,17 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
-from peak_memory import peak_mb, start_window  # benchmarks/ is on sys.path when run as a script
+from peak_memory import (  # benchmarks/ is on sys.path when run as a script
+    add_step_args,
+    peak_mb,
+    run_case,
+    start_window,
+)
 
 from forgetless.attribution.relevance import sample_relevance
 from forgetless.config.schema import ModelConfig
@@ -66,7 +69,7 @@ def _method(case: str, model: Any) -> Method:
     return method
 
 
-def run_case(case: str, args: argparse.Namespace) -> None:
+def run_one(case: str, args: argparse.Namespace) -> None:
     """One case in this (fresh) process; prints one JSON line."""
     torch.set_flush_denormal(True)
     device = _device()
@@ -120,29 +123,20 @@ def _relevance_pass(model: Any, tokenizer: Any, ctx: TaskContext, n: int) -> dic
 
 
 def _subprocess(case: str, args: argparse.Namespace) -> dict[str, Any]:
-    command = [sys.executable, __file__, "--case", case]
-    for flag in ("steps", "warmup", "batch_size", "n_train", "relevance_samples", "threads"):
-        command += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
-    out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
-    return dict(json.loads(out.strip().splitlines()[-1]))
+    flags = ["steps", "warmup", "batch_size", "n_train", "relevance_samples", "threads"]
+    return dict(run_case(__file__, ["--case", case], args, flags))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=100, help="timed steps per case")
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--n-train", type=int, default=512)
+    add_step_args(parser, OUT)
     parser.add_argument("--relevance-samples", type=int, default=32)
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
-    parser.add_argument("--out", type=Path, default=OUT, help="where the JSON report goes")
     parser.add_argument("--case", choices=CASES, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.case:
-        run_case(args.case, args)
+        run_one(args.case, args)
         return
     runs: dict[str, list[dict[str, Any]]] = {c: [] for c in CASES}
     for repeat in range(args.repeats):

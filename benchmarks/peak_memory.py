@@ -1,4 +1,5 @@
-"""Peak memory of the code timed in a benchmark subprocess, shared by the overhead benchmarks.
+"""Shared by the overhead benchmarks: their common options, one case per subprocess, and the
+peak memory of the code timed in that subprocess.
 
 CUDA's allocator peak on a GPU. On the CPU the kernel's resident-set high-water mark (``VmHWM``),
 reset after the warm-up where Linux allows it, so that the peak is the timed steps' and not the
@@ -7,9 +8,13 @@ imports' (which outweigh a tiny model); else ``ru_maxrss``, which never goes dow
 
 from __future__ import annotations
 
+import argparse
+import json
 import resource
+import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -46,3 +51,23 @@ def peak_mb(device: torch.device, hwm_reset: bool) -> tuple[float, str]:
         return (status_kb("VmHWM") or 0.0) / 2**10, "vmhwm"
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return (rss / 2**20 if sys.platform == "darwin" else rss / 2**10), "ru_maxrss"
+
+
+def add_step_args(parser: argparse.ArgumentParser, out: Path) -> None:
+    """Options every overhead benchmark takes: timed steps, repeats, batch, data, threads, out."""
+    parser.add_argument("--steps", type=int, default=100, help="timed steps per case")
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--n-train", type=int, default=512)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    parser.add_argument("--out", type=Path, default=out, help="where the JSON report goes")
+
+
+def run_case(script: str, case_args: list[str], args: argparse.Namespace, flags: list[str]) -> Any:
+    """One case of ``script`` in a fresh interpreter; its last stdout line is the JSON record."""
+    command = [sys.executable, script, *case_args]
+    for flag in flags:
+        command += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
+    out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])

@@ -27,14 +27,17 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
-from peak_memory import peak_mb, start_window  # benchmarks/ is on sys.path when run as a script
+from peak_memory import (  # benchmarks/ is on sys.path when run as a script
+    add_step_args,
+    peak_mb,
+    run_case,
+    start_window,
+)
 
 from forgetless.config.demo import SMALL_MODEL
 from forgetless.config.schema import FinetuneConfig, ModelConfig, TinyModelConfig
@@ -73,7 +76,7 @@ def _context(model: Any, tokenizer: Any, name: str, n: int, index: int) -> TaskC
     return TaskContext(info, index, task, model, tokenizer, features, [], _device())
 
 
-def run_case(case: str, fraction: float, args: argparse.Namespace) -> None:
+def run_one(case: str, fraction: float, args: argparse.Namespace) -> None:
     """One case in this (fresh) process; prints one JSON line."""
     torch.set_flush_denormal(True)
     device = _device()
@@ -124,33 +127,23 @@ def run_case(case: str, fraction: float, args: argparse.Namespace) -> None:
 
 
 def _subprocess(case: str, fraction: float, args: argparse.Namespace) -> dict[str, Any]:
-    command = [sys.executable, __file__, "--case", case, "--fraction", str(fraction)]
-    for flag in ("steps", "warmup", "batch_size", "n_train", "anchor_samples", "threads"):
-        command += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
-    command += ["--preset", args.preset]
-    out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
-    return dict(json.loads(out.strip().splitlines()[-1]))
+    flags = ["steps", "warmup", "batch_size", "n_train", "anchor_samples", "threads", "preset"]
+    return dict(run_case(__file__, ["--case", case, "--fraction", str(fraction)], args, flags))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=100, help="timed steps per case")
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--n-train", type=int, default=512)
+    add_step_args(parser, OUT)
     parser.add_argument("--anchor-samples", type=int, default=128, help="N_a per task")
     parser.add_argument("--fractions", default="0.25,0.5,1", help="anchor batch / task batch")
     parser.add_argument("--preset", choices=["tiny", "small"], default="tiny", help="model size")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
-    parser.add_argument("--out", type=Path, default=OUT, help="where the JSON report goes")
     parser.add_argument("--case", choices=["seqlora", "sae_fd"], help=argparse.SUPPRESS)
     parser.add_argument("--fraction", type=float, default=0.25, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.case:
-        run_case(args.case, args.fraction, args)
+        run_one(args.case, args.fraction, args)
         return
     fractions = [float(f) for f in args.fractions.split(",")]
     cases = [("seqlora", 0.0)] + [("sae_fd", f) for f in fractions]

@@ -14,8 +14,7 @@ from collections.abc import Callable, Mapping
 import torch
 from torch import nn
 
-from forgetless.errors import ConfigError
-from forgetless.methods.base import Stage
+from forgetless.methods.base import Stage, require_carry_regime
 from forgetless.training.loop import TrainStats
 
 Tensors = dict[str, torch.Tensor]
@@ -24,14 +23,6 @@ Increment = Callable[[Tensors, Stage], Tensors]
 
 def trainable(model: nn.Module) -> dict[str, nn.Parameter]:
     return {n: p for n, p in model.named_parameters() if p.requires_grad}
-
-
-def check_regime(method: str, regime: str | None) -> None:
-    if regime not in (None, "carry"):
-        raise ConfigError(
-            f"method {method!r} merges the trainable weights after each task: with LoRA it needs "
-            f"regime carry, not {regime!r}"
-        )
 
 
 def write_back(params: Mapping[str, nn.Parameter], before: Tensors, increments: Tensors) -> None:
@@ -44,7 +35,7 @@ def write_back(params: Mapping[str, nn.Parameter], before: Tensors, increments: 
 
 def train_then_merge(method: str, stage: Stage, increment: Increment) -> TrainStats:
     """Snapshot θ_{t−1}, train through the shared loop, merge ``Δ_t`` by ``increment``."""
-    check_regime(method, stage.ctx.run.lora_regime)
+    require_carry_regime(method, stage.ctx.run.lora_regime, "merges the trainable weights")
     params = trainable(stage.ctx.model)
     before = {n: p.detach().clone() for n, p in params.items()}
     stats = stage.sft()

@@ -17,7 +17,6 @@ from forgetless.attribution.importance import (
     keep_factor,
 )
 from forgetless.attribution.relevance import sample_relevance
-from forgetless.errors import ConfigError
 from forgetless.methods.base import (
     Capability,
     Method,
@@ -28,6 +27,7 @@ from forgetless.methods.base import (
     TaskContext,
     TaskEndContext,
     register_method,
+    require_carry_regime,
 )
 from forgetless.tasks.formatting import collate
 
@@ -92,25 +92,22 @@ class AttributionGate(Method):
         self.cfg = config
         self.importance: dict[str, torch.Tensor] = {}
         self.tasks_seen = 0
-        self._keep: dict[str, torch.Tensor] = {}
+        self._gated: list[tuple[str, nn.Parameter, torch.Tensor]] = []
 
     def register_hooks(self, ctx: TaskContext) -> list[torch.utils.hooks.RemovableHandle]:
-        _check_regime(ctx.run.lora_regime)
-        self._keep = self._keep_factors(ctx.model)
+        require_carry_regime(self.name, ctx.run.lora_regime, "keeps its map by parameter name")
+        self._gated = self._gate_factors(ctx.model)
         if self.cfg.gate != "gradient":
             return []
-        params = dict(ctx.model.named_parameters())
-        return [params[n].register_hook(_scaler(keep)) for n, keep in self._keep.items()]
+        return [param.register_hook(_scaler(keep)) for _, param, keep in self._gated]
 
     def gate_update(
         self, model: nn.Module, pre_step: dict[str, torch.Tensor], ctx: StepContext
     ) -> None:
-        if self.cfg.gate != "update" or not self._keep:
+        if self.cfg.gate != "update":
             return
-        for name, param in model.named_parameters():
-            keep = self._keep.get(name)
-            if keep is not None:
-                gate_update_(param, pre_step[name], keep)
+        for name, param, keep in self._gated:
+            gate_update_(param, pre_step[name], keep)
 
     def on_task_end(self, ctx: TaskEndContext) -> None:
         task = ctx.task
@@ -141,13 +138,13 @@ class AttributionGate(Method):
         self.importance = dict(state.get("importance", {}))
         self.tasks_seen = int(state.get("tasks_seen", 0))
 
-    def _keep_factors(self, model: nn.Module) -> dict[str, torch.Tensor]:
-        """``1 − R̄`` per trainable weight that has a map, on its device and in its dtype."""
-        out = {}
-        for name, param in model.named_parameters():
-            if param.requires_grad and name in self.importance:
-                out[name] = keep_factor(self.importance[name], param.dtype).to(param.device)
-        return out
+    def _gate_factors(self, model: nn.Module) -> list[tuple[str, nn.Parameter, torch.Tensor]]:
+        """``(name, weight, 1 − R̄)`` per trainable weight with a map, on its device and dtype."""
+        return [
+            (name, param, keep_factor(self.importance[name], param.dtype).to(param.device))
+            for name, param in model.named_parameters()
+            if param.requires_grad and name in self.importance
+        ]
 
 
 def _scaler(keep: torch.Tensor) -> Any:
@@ -174,11 +171,3 @@ def _summary(
         "task_map": stats(new),
         "aggregated_map": stats(aggregated),
     }
-
-
-def _check_regime(regime: str | None) -> None:
-    if regime not in (None, "carry"):
-        raise ConfigError(
-            f"method 'attribution_gate' keeps its map by parameter name: with LoRA it needs "
-            f"regime carry, not {regime!r} (a new adapter per task has no past relevance)"
-        )

@@ -238,5 +238,15 @@ def create_method(config: MethodConfig) -> Method:
     return method_class(config.name)(config)
 
 
+def require_carry_regime(method: str, regime: str | None, why: str) -> None:
+    """Methods that keep per-weight state by name need one LoRA adapter for the whole sequence."""
+    if regime not in (None, "carry"):
+        from forgetless.errors import ConfigError
+
+        raise ConfigError(
+            f"method {method!r} {why}: with LoRA it needs regime carry, not {regime!r}"
+        )
+
+
 def hook_names(capabilities: Iterable[Capability]) -> list[str]:
     return [hook for cap in capabilities for hook in HOOKS[cap]]

@@ -9,7 +9,6 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from forgetless.errors import ConfigError
 from forgetless.methods.base import (
     Batch,
     Capability,
@@ -20,6 +19,7 @@ from forgetless.methods.base import (
     StepContext,
     TaskEndContext,
     register_method,
+    require_carry_regime,
 )
 from forgetless.tasks.formatting import Features, collate
 from forgetless.training.loop import causal_lm_loss
@@ -124,7 +124,7 @@ class EWC(Method):
 
     def loss_terms(self, batch: Batch, outputs: Any, ctx: StepContext) -> dict[str, torch.Tensor]:
         if ctx.step == 0:
-            _check_regime(ctx.task.run.lora_regime)
+            require_carry_regime(self.name, ctx.task.run.lora_regime, "anchors weights by name")
         if not self.fisher:
             return {"ewc": outputs.logits.new_zeros((), dtype=torch.float32)}
         params = trainable(ctx.task.model)
@@ -157,11 +157,3 @@ class EWC(Method):
             for n, t in store.items():
                 if t.device != device:
                     store[n] = t.to(device)
-
-
-def _check_regime(regime: str | None) -> None:
-    if regime not in (None, "carry"):
-        raise ConfigError(
-            f"method 'ewc' anchors the trainable weights by name: with LoRA it needs regime "
-            f"carry, not {regime!r} (a new adapter per task has no past Fisher)"
-        )
