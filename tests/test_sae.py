@@ -29,6 +29,7 @@ from forgetless.sae import (
     train_sae,
 )
 from forgetless.sae.activations import MLPTap, last_mlp
+from forgetless.tasks.builtin import BUILTIN_TASKS
 
 
 def _random_sae(d_in: int = 8, d_sae: int = 32, seed: int = 1) -> GatedSAE:
@@ -163,7 +164,7 @@ def test_sae_train_and_eval_commands(
     assert (out / "sae.safetensors").is_file()
     assert record["sae"]["d_in"] == 32 and record["sae"]["d_sae"] == 64
     assert set(record["metrics"]) == {"train", "eval"}
-    assert len(record["sources"]) == 10, "every built-in task"
+    assert len(record["sources"]) == len(BUILTIN_TASKS), "every built-in task"
     assert {"mse", "explained_variance", "l0", "dead_fraction"} <= set(record["metrics"]["eval"])
     assert "explained variance" in capsys.readouterr().out
     _invoke(monkeypatch, "sae", "eval", str(out), str(config), "--n-per-task", "4", "--quiet")

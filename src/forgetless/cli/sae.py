@@ -189,7 +189,11 @@ def evaluate(
         raise ConfigError(str(err)) from None
     sources = _task_list(tasks)
     if sources is None and config is not None:
-        sources = [t.model_dump(mode="json", exclude_none=True) for t in [*cfg.tasks, *cfg.probes]]
+        sources = [
+            t.model_dump(mode="json", exclude_none=True)
+            for t in [*cfg.tasks, *cfg.probes]
+            if not hasattr(t, "lm_eval")  # lm-eval probes have no examples of their own
+        ]
     examples = sae_examples(sources, n_per_task, seed, split)
     features = example_features(examples, tokenizer, cfg.train.max_length)
     acts = collect_mlp_outputs(model, features, tokenizer.pad_token_id, device)

@@ -5,8 +5,22 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    field_validator,
+    model_validator,
+)
 
+from forgetless.config.evaluation import (
+    LmEvalProbe,
+    ScorerConfig,
+    is_lm_eval_probe,
+    scorer_shorthand,
+)
 from forgetless.methods import registered_methods
 from forgetless.methods.seq_ft import SeqFTConfig
 
@@ -130,6 +144,12 @@ class HFSource(Strict):
     prompt_column: str = Field("prompt")
     completion_column: str = Field("completion")
     messages_column: str | None = Field(None, description="Use chat messages instead of columns.")
+    choices_column: str | None = Field(
+        None, description="Multiple-choice options, a list of str (default column: choices)."
+    )
+    label_column: str | None = Field(
+        None, description="Index of the right choice (default column: label)."
+    )
 
 
 class TaskConfig(Strict):
@@ -142,12 +162,22 @@ class TaskConfig(Strict):
     n_train: int | None = Field(None, ge=1, description="Cap on training examples.")
     n_eval: int | None = Field(None, ge=1, description="Cap on eval examples.")
     max_new_tokens: int | None = Field(None, ge=1, description="Generation budget for scoring.")
+    scorer: ScorerConfig | None = Field(
+        None,
+        description="How the task is scored: exact_match (default), contains, startswith, regex, "
+        "numeric, multiple_choice; a kind name or {kind: ..., options}. Null: the task's own.",
+    )
     train: TrainOverrides = Field(default_factory=TrainOverrides)  # type: ignore[arg-type]
 
     @model_validator(mode="before")
     @classmethod
     def _from_string(cls, value: Any) -> Any:
         return {"builtin": value} if isinstance(value, str) else value
+
+    @field_validator("scorer", mode="before")
+    @classmethod
+    def _scorer_shorthand(cls, value: Any) -> Any:
+        return scorer_shorthand(value)
 
     @model_validator(mode="after")
     def _one_source(self) -> TaskConfig:
@@ -176,6 +206,21 @@ class EvalConfig(Strict):
     kl_examples: int = Field(32, ge=1, description="Probe examples per probe for KL drift.")
 
 
+ProbeConfig = Annotated[
+    Union[Annotated[TaskConfig, Tag("task")], Annotated[LmEvalProbe, Tag("lm_eval")]],  # noqa: UP007
+    Discriminator(lambda v: "lm_eval" if is_lm_eval_probe(v) else "task"),
+]
+
+
+def probe_names(probes: list[TaskConfig | LmEvalProbe]) -> list[str]:
+    """Probe column names in config order (an lm-eval probe gives one per lm-eval task)."""
+    return [
+        name
+        for p in probes
+        for name in (p.names if isinstance(p, LmEvalProbe) else [p.display_name])
+    ]
+
+
 def _method_union() -> Any:
     configs = tuple(cls.config_cls for cls in registered_methods().values())
     if len(configs) == 1:
@@ -192,7 +237,11 @@ class RunConfig(Strict):
     train: TrainConfig = Field(default_factory=TrainConfig)  # type: ignore[arg-type]
     eval: EvalConfig = Field(default_factory=EvalConfig)  # type: ignore[arg-type]
     tasks: list[TaskConfig] = Field(min_length=1, description="The continual sequence, in order.")
-    probes: list[TaskConfig] = Field(default_factory=list, description="Retention probes.")
+    probes: list[ProbeConfig] = Field(
+        default_factory=list,
+        description="Retention probes: tasks like the sequence's, or lm-eval tasks "
+        "('lmeval:hellaswag' or {lm_eval: {tasks: [...], limit: N}}).",
+    )
     report_to: Literal["none", "tensorboard", "wandb", "mlflow", "trackio"] = Field(
         "none", description="Experiment tracker (through accelerate); none needs no install."
     )
@@ -225,7 +274,7 @@ class RunConfig(Strict):
 
     @model_validator(mode="after")
     def _unique_names(self) -> RunConfig:
-        names = [t.display_name for t in [*self.tasks, *self.probes]]
+        names = [t.display_name for t in self.tasks] + probe_names(self.probes)
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"task and probe names must be unique; repeated: {', '.join(dupes)}")

@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from forgetless.diagnostics.circuits_run import checkpoint_labels, load_checkpoint
-from forgetless.eval.scoring import completion_logprobs, evaluate_task, kl_drift
+from forgetless.eval.scorers import score_task
+from forgetless.eval.scoring import completion_logprobs, kl_drift
 from forgetless.tasks.base import Task
 
 
@@ -41,7 +42,7 @@ def diagnose_drift(
             if len(base_logprobs) < len(tasks):
                 base_logprobs.append(now)
             forward, reverse = kl_drift(base_logprobs[i], now)
-            accuracy = evaluate_task(model, tokenizer, task, batch_size).accuracy
+            accuracy = score_task(model, tokenizer, task, batch_size).accuracy
             row["probes"][task.name] = {
                 "kl_base_to_model": forward,
                 "kl_model_to_base": reverse,

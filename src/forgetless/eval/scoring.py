@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -15,12 +15,17 @@ from forgetless.tasks.formatting import IGNORE_INDEX, collate, encode_example, e
 
 @dataclass
 class EvalResult:
-    """Accuracy of one task plus, per eval example, whether it was answered correctly."""
+    """Accuracy of one task plus, per eval example, whether it was answered correctly.
+
+    ``metrics`` holds a scorer's extra numbers (``acc`` and ``acc_norm`` for multiple choice,
+    ``unparsed`` for generation checks); exact match leaves it empty.
+    """
 
     task: str
     accuracy: float
     correct: list[bool]
     predictions: list[str]
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 def _left_pad(

@@ -9,8 +9,12 @@ Two groups:
 
 * base capabilities (``copy``, ``upper``, ``facts``, ``add``) pretrain the base model and are then
   used as retention probes;
-* sequence tasks (``reverse``, ``sort``, ``count``, ``cipher``, ``bracket``, ``wordprob``) are
-  learned one after another in continual post-training.
+* sequence tasks (``reverse``, ``sort``, ``count``, ``cipher``, ``bracket``, ``wordprob``,
+  ``addmc``, ``calc``) are learned one after another in continual post-training.
+
+Most tasks are scored by exact match of a greedy generation. ``addmc`` is multiple choice, scored
+by the log-likelihood of each choice; ``calc`` writes a working step before a GSM8K-style
+``#### answer`` and is scored on the parsed number alone (``forgetless.eval.scorers``).
 
 Train and eval splits are disjoint by prompt, except for ``facts``: its skill is *recall* of a
 fixed knowledge base, so eval holds the KB facts and train is the same KB, repeated.
@@ -21,8 +25,14 @@ from __future__ import annotations
 import random
 import string
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from forgetless.config.evaluation import (
+    ExactMatchScorer,
+    MultipleChoiceScorer,
+    NumericScorer,
+    ScorerConfig,
+)
 from forgetless.tasks.base import Example, Task
 
 LETTERS = string.ascii_lowercase
@@ -32,7 +42,8 @@ LETTERS = string.ascii_lowercase
 class BuiltinTaskSpec:
     """A built-in task: a name, a one-line description and a generator of random examples.
 
-    ``max_completion`` is the longest completion in the task's whole example space (characters).
+    ``max_completion`` is the longest completion in the task's whole example space (characters);
+    ``scoring`` is how the task is scored unless its config says otherwise.
     """
 
     name: str
@@ -40,6 +51,7 @@ class BuiltinTaskSpec:
     base_capability: bool
     generate: Callable[[random.Random], Example]
     max_completion: int = 12
+    scoring: ScorerConfig = field(default_factory=ExactMatchScorer)
 
 
 def _word(rng: random.Random, lo: int, hi: int, alphabet: str = LETTERS) -> str:
@@ -145,6 +157,24 @@ def _wordprob(rng: random.Random) -> Example:
     return Example(f"wp a={a},b=a{op1},c=b{op2};c?", str(c))
 
 
+def _addmc(rng: random.Random) -> Example:
+    """Pick the sum among four choices; distractors are off by 1, 2 or 10 (lengths may differ,
+    so raw and length-normalised log-likelihood can disagree)."""
+    a, b = rng.randint(10, 99), rng.randint(1, 99)
+    total = a + b
+    offsets = rng.sample([o for o in (-10, -2, -1, 1, 2, 10) if total + o > 0], 3)
+    choices = [str(total), *(str(total + o) for o in offsets)]
+    rng.shuffle(choices)
+    label = choices.index(str(total))
+    return Example(f"pick {a}+{b}=", str(total), choices=tuple(choices), label=label)
+
+
+def _calc(rng: random.Random) -> Example:
+    """GSM8K-style: a working step, then ``#### answer`` (values 2..57)."""
+    a, b, c = rng.randint(10, 49), rng.randint(1, 9), rng.randint(1, 9)
+    return Example(f"calc {a}+{b}-{c}?", f"{a + b}-{c} #### {a + b - c}")
+
+
 BUILTIN_TASKS: dict[str, BuiltinTaskSpec] = {
     spec.name: spec
     for spec in (
@@ -169,6 +199,22 @@ BUILTIN_TASKS: dict[str, BuiltinTaskSpec] = {
         ),
         BuiltinTaskSpec(
             "wordprob", "3-step arithmetic word problem (values 0-99)", False, _wordprob, 2
+        ),
+        BuiltinTaskSpec(
+            "addmc",
+            "pick the sum of two numbers among 4 choices (log-likelihood)",
+            False,
+            _addmc,
+            3,
+            MultipleChoiceScorer(metric="acc"),
+        ),
+        BuiltinTaskSpec(
+            "calc",
+            "add then subtract, answer after '####' (numeric scorer)",
+            False,
+            _calc,
+            12,
+            NumericScorer(strict=False, tolerance=0.0),
         ),
     )
 }
@@ -241,4 +287,5 @@ def build_builtin_task(name: str, n_train: int, n_eval: int, seed: int) -> Task:
         eval=eval_,
         description=spec.description,
         max_new_tokens=spec.max_completion + 2,
+        scoring=spec.scoring,
     )

@@ -16,11 +16,22 @@ from forgetless.tasks.builtin import BUILTIN_TASKS, build_builtin_task
 ROLES = {"system", "user", "assistant"}
 
 
-def example_from_record(record: Any, where: str, columns: tuple[str, str, str | None]) -> Example:
-    """Build an Example from a prompt/completion record or a chat ``messages`` record."""
+def example_from_record(
+    record: Any,
+    where: str,
+    columns: tuple[str, str, str | None],
+    choice_columns: tuple[str, str] = ("choices", "label"),
+) -> Example:
+    """Build an Example from a prompt/completion record or a chat ``messages`` record.
+
+    A record with a choices column (a list of strings) and a label column (the index of the
+    right choice) is a multiple-choice example; its completion defaults to the right choice.
+    """
     prompt_col, completion_col, messages_col = columns
     if not isinstance(record, Mapping):
         raise DataError(f"{where}: expected an object, got {type(record).__name__}")
+    if record.get(choice_columns[0]) is not None:
+        return _choice_example(record, where, prompt_col, completion_col, choice_columns)
     messages = record.get(messages_col or "messages")
     if messages is not None:
         return _chat_example(messages, where)
@@ -30,6 +41,33 @@ def example_from_record(record: Any, where: str, columns: tuple[str, str, str | 
             f"{where}: needs string fields {prompt_col!r} and {completion_col!r} (or 'messages')"
         )
     return Example(prompt=prompt, completion=completion)
+
+
+def _choice_example(
+    record: Mapping[str, Any],
+    where: str,
+    prompt_col: str,
+    completion_col: str,
+    choice_columns: tuple[str, str],
+) -> Example:
+    choices_col, label_col = choice_columns
+    choices, label, prompt = record[choices_col], record.get(label_col), record.get(prompt_col)
+    if (
+        not isinstance(choices, list)
+        or len(choices) < 2
+        or not all(isinstance(c, str) for c in choices)
+    ):
+        raise DataError(f"{where}: {choices_col!r} must be a list of at least 2 strings")
+    if isinstance(label, bool) or not isinstance(label, int) or not 0 <= label < len(choices):
+        raise DataError(
+            f"{where}: {label_col!r} must be the index of the right choice (0..{len(choices) - 1})"
+        )
+    if not isinstance(prompt, str):
+        raise DataError(f"{where}: needs a string field {prompt_col!r}")
+    completion = record.get(completion_col)
+    if not isinstance(completion, str):
+        completion = choices[label]
+    return Example(prompt=prompt, completion=completion, choices=tuple(choices), label=label)
 
 
 def _chat_example(messages: Any, where: str) -> Example:
@@ -116,11 +154,13 @@ def _load_hf_split(src: HFSource, split: str) -> Iterable[Mapping[str, Any]]:
 
 def _hf_splits(src: HFSource, seed: int) -> tuple[list[Example], list[Example]]:
     columns = (src.prompt_column, src.completion_column, src.messages_column)
+    choice_columns = (src.choices_column or "choices", src.label_column or "label")
 
     def convert(split: str) -> list[Example]:
         rows = _load_hf_split(src, split)
         return [
-            example_from_record(r, f"{src.path}[{split}][{i}]", columns) for i, r in enumerate(rows)
+            example_from_record(r, f"{src.path}[{split}][{i}]", columns, choice_columns)
+            for i, r in enumerate(rows)
         ]
 
     train = convert(src.train_split)
@@ -139,13 +179,18 @@ def build_task(cfg: TaskConfig, eval_cfg: EvalConfig, seed: int) -> Task:
             raise DataError(f"unknown built-in task {cfg.builtin!r}; known: {known}")
         task = build_builtin_task(cfg.builtin, n_train=n_train, n_eval=n_eval, seed=seed)
         train, evals, desc, budget = task.train, task.eval, task.description, task.max_new_tokens
+        scoring = task.scoring
     else:
         train, evals = _jsonl_splits(cfg.jsonl, seed) if cfg.jsonl else _hf_splits(cfg.hf, seed)  # type: ignore[arg-type]
-        desc, budget = "user data", 64
-    return Task(
-        name=cfg.display_name,
-        train=train[:n_train],
-        eval=evals[:n_eval],
-        description=desc,
-        max_new_tokens=cfg.max_new_tokens or budget,
-    )
+        desc, budget, scoring = "user data", 64, None
+    try:
+        return Task(
+            name=cfg.display_name,
+            train=train[:n_train],
+            eval=evals[:n_eval],
+            description=desc,
+            max_new_tokens=cfg.max_new_tokens or budget,
+            scoring=cfg.scorer or scoring,
+        )
+    except ValueError as err:
+        raise DataError(str(err)) from None

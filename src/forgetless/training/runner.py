@@ -16,10 +16,13 @@ from accelerate import PartialState
 from rich.console import Console
 from torch import nn
 
+from forgetless.config.evaluation import LmEvalProbe
 from forgetless.config.loading import dump_config
-from forgetless.config.schema import RunConfig, TaskConfig
+from forgetless.config.schema import RunConfig, TaskConfig, probe_names
 from forgetless.errors import ConfigError
-from forgetless.eval.scoring import EvalResult, completion_logprobs, evaluate_task, kl_drift
+from forgetless.eval.lm_eval_probe import run_lm_eval_probe
+from forgetless.eval.scorers import score_task
+from forgetless.eval.scoring import EvalResult, completion_logprobs, kl_drift
 from forgetless.methods.base import (
     Capability,
     Method,
@@ -99,7 +102,9 @@ class Runner:
     def run(self) -> Results:
         cfg = self.cfg
         torch.set_flush_denormal(True)
-        tasks, probes = load_tasks(cfg.tasks, cfg), load_tasks(cfg.probes, cfg)
+        task_probes = [p for p in cfg.probes if isinstance(p, TaskConfig)]
+        tasks, probes = load_tasks(cfg.tasks, cfg), load_tasks(task_probes, cfg)
+        self.lm_probes = [p for p in cfg.probes if isinstance(p, LmEvalProbe)]
         self.active: Method = self.method or create_method(cfg.method)
         self.tracker = Tracker(cfg.report_to, self.out_dir, cfg.model_dump(mode="json"))
         source = (
@@ -149,7 +154,7 @@ class Runner:
                 self.console.print(f"Resuming after task {results.completed_tasks} of {len(tasks)}")
             return results
         return Results(
-            config=resolved, tasks=[t.name for t in tasks], probes=[p.name for p in probes]
+            config=resolved, tasks=[t.name for t in tasks], probes=probe_names(self.cfg.probes)
         )
 
     def _restore(self, completed: int) -> None:
@@ -174,16 +179,24 @@ class Runner:
         out = {}
         with self.bars.task("evaluate", len(everything)) as advance:
             for task in everything:
-                out[task.name] = evaluate_task(
-                    model, self.tokenizer, task, self.cfg.eval.batch_size
-                )
+                out[task.name] = score_task(model, self.tokenizer, task, self.cfg.eval.batch_size)
                 advance(None)
         return out
+
+    def _lm_eval_scores(self, model: nn.Module) -> dict[str, float]:
+        scores: dict[str, float] = {}
+        for probe in self.lm_probes:
+            scores.update(
+                run_lm_eval_probe(model, self.tokenizer, probe.lm_eval, self.cfg.eval.batch_size)
+            )
+        return scores
 
     def _record_row(self, results: Results, model: nn.Module) -> dict[str, EvalResult]:
         evals = self._evaluate(model)
         results.accuracy.append([evals[t.name].accuracy for t in self.tasks])
-        results.probe_accuracy.append([evals[p.name].accuracy for p in self.probes])
+        scores = {p.name: evals[p.name].accuracy for p in self.probes}
+        scores.update(self._lm_eval_scores(model))
+        results.probe_accuracy.append([scores[name] for name in probe_names(self.cfg.probes)])
         drift: tuple[float | None, float | None] = (None, None)
         if self.base_logprobs is not None:
             now = self._probe_logprobs(model)
@@ -218,7 +231,7 @@ class Runner:
             seed=self.cfg.seed,
             out_dir=self.out_dir,
             task_names=[t.name for t in self.tasks],
-            probe_names=[p.name for p in self.probes],
+            probe_names=probe_names(self.cfg.probes),
             finetune_mode=self.cfg.finetune.mode,
             max_length=self.cfg.train.max_length,
             lora_regime=lora,

@@ -1,0 +1,99 @@
+"""lm-evaluation-harness as a retention probe, on the in-memory model.
+
+The current model (full, or the base model with its LoRA layers injected) is wrapped in
+lm-eval's ``HFLM`` and evaluated with ``lm_eval.simple_evaluate`` (EleutherAI
+lm-evaluation-harness, https://github.com/EleutherAI/lm-evaluation-harness, v0.4.13). lm-eval
+is an optional extra (``pip install 'forgetless[lmeval]'``) imported only when a probe runs.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from torch import nn
+
+from forgetless.config.evaluation import LMEVAL_PREFIX, LmEvalSettings
+from forgetless.errors import ConfigError
+
+PREFERRED_METRICS = ("acc_norm", "acc", "exact_match")
+MISSING_EXTRA = (
+    "lm-eval probes need lm-evaluation-harness: pip install 'forgetless[lmeval]' "
+    "(or lm_eval==0.4.13)"
+)
+
+
+def pick_metric(task_results: Mapping[str, Any], metric: str | None, task: str) -> float:
+    """One number from lm-eval's per-task results (keys such as ``"acc_norm,none"``).
+
+    ``metric`` names it (with or without the ``,filter`` suffix); None takes the first of
+    acc_norm, acc, exact_match that the task reports.
+    """
+    values = {
+        key: float(value)
+        for key, value in task_results.items()
+        if "," in key and "_stderr" not in key and isinstance(value, int | float)
+    }
+    wanted = [metric] if metric is not None else list(PREFERRED_METRICS)
+    for name in wanted:
+        hits = [key for key in values if key == name or key.split(",", 1)[0] == name]
+        if hits:
+            return values[sorted(hits)[0]]
+    known = ", ".join(sorted(values)) or "none"
+    raise ConfigError(f"lm-eval task {task!r} reports no metric {' or '.join(wanted)}; has {known}")
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    """PEFT injects LoRA layers into the base model in place, so its base model runs them."""
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if callable(get_base) else model
+
+
+def run_lm_eval_probe(
+    model: nn.Module, tokenizer: Any, settings: LmEvalSettings, batch_size: int
+) -> dict[str, float]:
+    """Scores of ``model`` on the lm-eval tasks of one probe, keyed ``lmeval:<task>``."""
+    try:
+        import lm_eval
+        from lm_eval.models.huggingface import HFLM
+        from lm_eval.tasks import TaskManager
+    except ImportError:
+        raise ConfigError(MISSING_EXTRA) from None
+    was_training = model.training
+    lm_logger = logging.getLogger("lm_eval")
+    old_level = lm_logger.level
+    lm_logger.setLevel(logging.ERROR)  # e.g. its warning about being handed a model object
+    try:
+        lm = HFLM(
+            pretrained=_unwrap(model),
+            tokenizer=tokenizer,
+            batch_size=settings.batch_size or batch_size,
+        )
+        include = str(settings.include_path) if settings.include_path is not None else None
+        out = lm_eval.simple_evaluate(
+            model=lm,
+            tasks=list(settings.tasks),
+            num_fewshot=settings.num_fewshot,
+            limit=settings.limit,
+            task_manager=TaskManager(
+                include_path=include, include_defaults=settings.include_defaults
+            ),
+            apply_chat_template=settings.apply_chat_template,
+            log_samples=False,
+            bootstrap_iters=0,
+            verbosity="ERROR",
+        )
+    except (KeyError, ValueError, FileNotFoundError) as err:
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ConfigError(f"lm-eval probe {settings.tasks}: {first}") from None
+    finally:
+        model.train(was_training)
+        lm_logger.setLevel(old_level)
+    if out is None:
+        raise ConfigError(f"lm-eval probe {settings.tasks}: lm-eval returned no results")
+    results = out["results"]
+    return {
+        f"{LMEVAL_PREFIX}{task}": pick_metric(results.get(task, {}), settings.metric, task)
+        for task in settings.tasks
+    }
