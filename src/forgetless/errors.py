@@ -21,5 +21,9 @@ class ModelLoadError(ForgetlessError):
     """A model or tokenizer cannot be loaded."""
 
 
+class CheckpointError(ForgetlessError):
+    """A checkpoint cannot be read: missing, truncated, corrupted, or from another model."""
+
+
 class TrainingError(ForgetlessError):
     """Training cannot go on (e.g. a non-finite loss)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
@@ -68,6 +68,7 @@ def validate(
     for assignment in set_ or []:
         apply_override(data, assignment)
     cfg = validate_config(data, str(config))
+    _check_builtin_names(cfg, str(config))
     planned = plan_runs(data, section.variants, 1, 1, Path("."))
     names = ", ".join(t.display_name for t in cfg.tasks)
     extra = f"; {len(planned)} bench variants ok" if planned else ""
@@ -75,6 +76,22 @@ def validate(
         f"ok: {config} — method {cfg.method.name}, {cfg.finetune.mode} fine-tuning, "
         f"tasks: {names}{extra}"
     )
+
+
+def _check_builtin_names(cfg: Any, source: str) -> None:
+    """Unknown built-in task names, found offline (``run`` finds them when it builds the tasks)."""
+    from forgetless.config.schema import TaskConfig
+    from forgetless.errors import ConfigError
+    from forgetless.tasks.builtin import BUILTIN_TASKS
+
+    places = [("tasks", i, t) for i, t in enumerate(cfg.tasks)]
+    places += [("probes", i, p) for i, p in enumerate(cfg.probes) if isinstance(p, TaskConfig)]
+    for section, index, task in places:
+        if task.builtin is not None and task.builtin not in BUILTIN_TASKS:
+            raise ConfigError(
+                f"{source}: {section}.{index}: unknown built-in task {task.builtin!r}; "
+                f"known: {', '.join(BUILTIN_TASKS)}"
+            )
 
 
 @app.command()

@@ -24,6 +24,11 @@ def read_yaml(path: Path) -> dict[str, Any]:
         where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
         raise ConfigError(f"{path}{where}: invalid YAML: {problem}") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {err.start + 1})") from None
+    except (ValueError, RecursionError) as err:  # e.g. a date like 2024-13-45, deep nesting
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ConfigError(f"{path}: invalid YAML value: {first}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -118,7 +118,18 @@ class TrainConfig(Strict):
         "constant", description="LR schedule."
     )
     max_grad_norm: float | None = Field(1.0, gt=0, description="Gradient clipping; null disables.")
-    max_length: int = Field(64, ge=8, description="Truncate examples to this many tokens.")
+    max_length: int = Field(
+        64,
+        ge=8,
+        description="Longest training example in tokens: a longer one keeps its first max_length "
+        "tokens (the completion's end is cut, counted and warned about); one whose prompt alone "
+        "fills it is an error.",
+    )
+    on_nonfinite: Literal["stop", "skip"] = Field(
+        "stop",
+        description="A NaN/inf loss or gradient: stop the run (the event goes into results.json), "
+        "or skip that step's update and count it.",
+    )
 
 
 class TrainOverrides(Strict):
@@ -255,7 +266,7 @@ class RunConfig(Strict):
         if isinstance(value, str):
             value = {"name": value}
         name = value.get("name") if isinstance(value, dict) else getattr(value, "name", None)
-        if name is not None and name not in registered_methods():
+        if name is not None and (not isinstance(name, str) or name not in registered_methods()):
             known = ", ".join(sorted(registered_methods()))
             raise ValueError(f"unknown method {name!r}; known: {known}")
         return value

@@ -11,10 +11,12 @@ from pathlib import Path
 
 from peft import LoraConfig as PeftLoraConfig
 from peft import PeftModel, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
-from safetensors.torch import load_file, load_model, save_file, save_model
+from safetensors.torch import load_model, save_file, save_model
 from torch import nn
 
 from forgetless.config.schema import FinetuneConfig
+from forgetless.errors import CheckpointError, ModelLoadError
+from forgetless.training.checkpoint import check_fits, read_tensors, tensor_shapes
 
 WEIGHTS_FILE = "model.safetensors"
 ADAPTER_FILE = "adapter_model.safetensors"
@@ -27,6 +29,8 @@ class Finetuner:
         self.model = model
         self.cfg = cfg
         self.adapters: list[str] = []
+        if self.is_lora:
+            check_lora_targets(model, cfg.lora.target_modules)
 
     @property
     def is_lora(self) -> bool:
@@ -90,7 +94,12 @@ class Finetuner:
         if not checkpoints:
             return
         if not self.is_lora:
-            load_model(self.model, str(checkpoints[-1] / WEIGHTS_FILE))
+            path = checkpoints[-1] / WEIGHTS_FILE
+            check_fits(path, tensor_shapes(path), self.model)
+            try:
+                load_model(self.model, str(path))
+            except RuntimeError as err:  # e.g. tensors the model has but the file lacks
+                raise CheckpointError(f"{path}: {str(err).splitlines()[0]}") from None
             return
         if self.cfg.lora.regime == "merge":
             for index, ckpt in enumerate(checkpoints, start=1):
@@ -105,8 +114,30 @@ class Finetuner:
             self._load_adapter(name, checkpoints[-1])
 
     def _load_adapter(self, name: str, ckpt: Path) -> None:
-        state = load_file(str(ckpt / "adapters" / name / ADAPTER_FILE))
-        set_peft_model_state_dict(self.model, state, adapter_name=name)
+        path = ckpt / "adapters" / name / ADAPTER_FILE
+        state = read_tensors(path)
+        try:
+            set_peft_model_state_dict(self.model, state, adapter_name=name)
+        except RuntimeError as err:  # size mismatch: an adapter of another model or rank
+            raise CheckpointError(
+                f"{path}: does not fit the model ({str(err).splitlines()[-1].strip()})"
+            ) from None
+
+
+def check_lora_targets(model: nn.Module, targets: list[str]) -> None:
+    """Every LoRA target name must match a module of ``model`` (PEFT's name-suffix rule)."""
+    if targets == ["all-linear"]:
+        return
+    names = [n for n, _ in model.named_modules()]
+    missing = [t for t in targets if not any(n == t or n.endswith(f".{t}") for n in names)]
+    if missing:
+        leaves = sorted(
+            {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if not list(m.children())}
+        )
+        raise ModelLoadError(
+            f"finetune.lora.target_modules: {', '.join(map(repr, missing))} not in the model "
+            f"(its leaf modules: {', '.join(leaves)})"
+        )
 
 
 def _adapter_order(name: str) -> tuple[int, str]:

@@ -65,7 +65,12 @@ def load_tokenizer(source: str, cfg: ModelConfig) -> Any:
             f"model.name_or_path: cannot load tokenizer from {source!r}: {_first_line(err)}"
         ) from None
     if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
+        if tokenizer.eos_token_id is None:
+            raise ModelLoadError(
+                f"model.name_or_path: the tokenizer of {source!r} has neither a pad nor an eos "
+                "token; add a pad_token to its tokenizer_config.json"
+            )
+        tokenizer.pad_token = tokenizer.eos_token  # padding is masked out, so any id will do
     return tokenizer
 
 
@@ -75,6 +80,7 @@ def load_model(source: str, cfg: ModelConfig) -> PreTrainedModel:
         "dtype": DTYPES[cfg.dtype],
         "revision": cfg.revision,
         "trust_remote_code": cfg.trust_remote_code,
+        "use_safetensors": True,  # never unpickle weights (pytorch_model.bin can run code)
     }
     if cfg.attn_implementation:
         kwargs["attn_implementation"] = cfg.attn_implementation

@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from forgetless.errors import DataError
 from forgetless.tasks.base import Example
 
 Features = dict[str, list[int]]
@@ -39,23 +40,54 @@ def encode_prompt(tokenizer: Any, example: Example) -> list[int]:
     return _ids(tokenizer, example.prompt)
 
 
-def encode_example(tokenizer: Any, example: Example, max_length: int) -> Features:
-    """Prompt + completion ids with labels masked to -100 on the prompt (completion-only loss).
-
-    With a chat template, the completion is whatever the template appends for the assistant turn
-    (its end-of-turn marker included); otherwise it is the completion text plus EOS.
-    """
+def _prompt_and_completion(tokenizer: Any, example: Example) -> tuple[list[int], list[int]]:
     prompt = encode_prompt(tokenizer, example)
     if getattr(tokenizer, "chat_template", None):
         full = _chat_ids(tokenizer, _chat_messages(example), generation_prompt=False)
         if full[: len(prompt)] != prompt:
             raise ValueError("the chat template renders the prompt differently with the answer")
-        completion = full[len(prompt) :]
-    else:
-        completion = [*_ids(tokenizer, example.completion), tokenizer.eos_token_id]
+        return prompt, full[len(prompt) :]
+    return prompt, [*_ids(tokenizer, example.completion), tokenizer.eos_token_id]
+
+
+def _truncate(prompt: list[int], completion: list[int], max_length: int) -> Features:
     ids = (prompt + completion)[:max_length]
     labels = ([IGNORE_INDEX] * len(prompt) + completion)[:max_length]
     return {"input_ids": ids, "labels": labels}
+
+
+def encode_example(tokenizer: Any, example: Example, max_length: int) -> Features:
+    """Prompt + completion ids with labels masked to -100 on the prompt (completion-only loss).
+
+    With a chat template, the completion is whatever the template appends for the assistant turn
+    (its end-of-turn marker included); otherwise it is the completion text plus EOS. Longer than
+    ``max_length``, the sequence keeps its first ``max_length`` tokens (the tail goes).
+    """
+    return _truncate(*_prompt_and_completion(tokenizer, example), max_length)
+
+
+def encode_training_set(
+    tokenizer: Any, examples: list[Example], max_length: int, where: str
+) -> tuple[list[Features], int]:
+    """Encode a task's training examples; return them and how many were truncated.
+
+    The truncation policy (docs/reliability.md): an example longer than ``max_length`` keeps its
+    first ``max_length`` tokens, so the end of its completion is cut and counted; an example
+    whose prompt alone fills ``max_length`` would train on no token at all, and is a DataError
+    naming ``where`` and the example's index.
+    """
+    features, truncated = [], 0
+    for index, example in enumerate(examples):
+        prompt, completion = _prompt_and_completion(tokenizer, example)
+        if len(prompt) >= max_length:
+            raise DataError(
+                f"{where} example {index}: the prompt is {len(prompt)} tokens, so "
+                f"train.max_length={max_length} leaves none of the completion; raise "
+                "train.max_length or shorten the prompt"
+            )
+        truncated += len(prompt) + len(completion) > max_length
+        features.append(_truncate(prompt, completion, max_length))
+    return features, truncated
 
 
 def collate(features: list[Features], pad_id: int) -> dict[str, torch.Tensor]:

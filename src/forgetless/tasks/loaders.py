@@ -95,17 +95,23 @@ def read_jsonl(
     if not path.is_file():
         raise DataError(f"data file not found: {path}")
     examples = []
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
+    with path.open("rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            where = f"{path}:{number}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise DataError(f"{where}: not UTF-8 text (byte {err.start + 1})") from None
             if not line.strip():
                 continue
-            where = f"{path}:{number}"
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as err:
                 raise DataError(
                     f"{where}: invalid JSON ({err.msg} at column {err.colno})"
                 ) from None
+            except (ValueError, RecursionError) as err:  # e.g. a 5000-digit number, deep nesting
+                raise DataError(f"{where}: invalid JSON ({type(err).__name__})") from None
             examples.append(example_from_record(record, where, columns))
     if not examples:
         raise DataError(f"{path}: no examples")
@@ -143,7 +149,7 @@ def _load_hf_split(src: HFSource, split: str) -> Iterable[Mapping[str, Any]]:
             return loaded[split] if isinstance(loaded, datasets.DatasetDict) else loaded
         return datasets.load_dataset(src.path, src.name, data_files=src.data_files, split=split)
     except (
-        FileNotFoundError,
+        OSError,  # FileNotFoundError, and ConnectionError for a hub id while offline
         ValueError,
         KeyError,
         datasets.exceptions.DatasetNotFoundError,

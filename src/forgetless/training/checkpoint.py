@@ -11,7 +11,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
+from torch import nn
+
+from forgetless.errors import CheckpointError
 
 if TYPE_CHECKING:  # the methods package imports its methods, which import this module
     from forgetless.methods.base import MethodState
@@ -84,8 +88,52 @@ def save_method_state(folder: Path, state: MethodState) -> None:
     (folder / META_FILE).write_text(json.dumps(meta, indent=2), encoding="utf-8")
 
 
+def _unreadable(path: Path, err: BaseException) -> CheckpointError:
+    text = str(err).strip().splitlines()
+    why = text[0] if text else type(err).__name__
+    return CheckpointError(f"{path}: unreadable ({why}); the file is truncated or corrupted")
+
+
+def tensor_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """The tensors' names and shapes from a safetensors header (checks that it covers the file)."""
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing (weights are read from safetensors only)")
+    try:
+        with safe_open(str(path), "pt") as handle:
+            return {k: tuple(handle.get_slice(k).get_shape()) for k in handle.keys()}  # noqa: SIM118
+    except (SafetensorError, OSError) as err:
+        raise _unreadable(path, err) from None
+
+
+def read_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """``load_file`` with one-line CheckpointErrors for a missing, truncated or corrupt file."""
+    tensor_shapes(path)
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError) as err:
+        raise _unreadable(path, err) from None
+
+
+def check_fits(path: Path, shapes: dict[str, tuple[int, ...]], model: nn.Module) -> None:
+    """Refuse a checkpoint whose tensors do not match ``model``'s names and shapes."""
+    own = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    for name, shape in shapes.items():
+        if name not in own:
+            raise CheckpointError(
+                f"{path}: tensor {name!r} is not in the model: the checkpoint is from another model"
+            )
+        if own[name] != shape:
+            raise CheckpointError(
+                f"{path}: tensor {name!r} has shape {list(shape)}, the model's is "
+                f"{list(own[name])}: the checkpoint is from another model"
+            )
+
+
 def load_method_state(folder: Path) -> MethodState:
-    meta = json.loads((folder / META_FILE).read_text(encoding="utf-8"))
-    tensors = load_file(str(folder / TENSORS_FILE))
+    try:
+        meta = json.loads((folder / META_FILE).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise _unreadable(folder / META_FILE, err) from None
+    tensors = read_tensors(folder / TENSORS_FILE)
     joined: MethodState = _join_state(meta, tensors)
     return joined

@@ -33,6 +33,28 @@ class TrainPlan:
     warmup_steps: int = 0
     scheduler: str = "constant"
     max_grad_norm: float | None = 1.0
+    on_nonfinite: str = "stop"
+    """``stop``: a non-finite loss or gradient raises; ``skip``: drop that step's update."""
+
+
+class NonFiniteError(TrainingError):
+    """A loss term or the gradient norm is NaN or inf at a given task and step."""
+
+    def __init__(self, task: str, step: int, term: str, value: float) -> None:
+        what = "non-finite gradient" if term == "grad_norm" else f"loss term {term!r} is {value}"
+        super().__init__(f"task {task!r} step {step}: {what}")
+        self.task, self.step, self.term, self.value = task, step, term, value
+
+    def event(self, action: str) -> dict[str, Any]:
+        """The record that goes into ``results.json``'s ``events``."""
+        return {
+            "type": "nonfinite",
+            "action": action,
+            "task": self.task,
+            "step": self.step,
+            "term": self.term,
+            "value": str(self.value),
+        }
 
 
 @dataclass
@@ -43,6 +65,8 @@ class TrainStats:
     final_loss: float = float("nan")
     loss_terms: dict[str, float] = field(default_factory=dict)
     peak_memory_mb: float = 0.0
+    skipped_steps: int = 0
+    """Steps whose update was dropped for a non-finite loss or gradient (``on_nonfinite: skip``)."""
     details: dict[str, Any] = field(default_factory=dict)
     """Method-specific records (JSON-able) that go into ``results.json`` with the task's stats."""
 
@@ -63,6 +87,7 @@ class TrainStats:
             "final_loss": self.final_loss,
             "loss_terms": self.loss_terms,
             "peak_memory_mb": round(self.peak_memory_mb, 1),
+            **({"skipped_steps": self.skipped_steps} if self.skipped_steps else {}),
             **({"details": self.details} if self.details else {}),
         }
 
@@ -107,6 +132,8 @@ class StepLoop:
     progress: Progress | None = None
     on_step: Callable[[str, dict[str, float]], None] | None = None
     """Called after each optimizer step with the task name and the named loss terms."""
+    on_skip: Callable[[NonFiniteError], None] | None = None
+    """Called for each step dropped under ``on_nonfinite: skip``."""
 
     def run(
         self,
@@ -129,7 +156,18 @@ class StepLoop:
         with self._bar(label, plan.steps) as advance:
             for step in range(plan.steps):
                 sctx = StepContext(task=self.ctx, step=step, total_steps=plan.steps)
-                loss, terms, tokens = self._step(stream, plan, optimizer, sctx, loss_fn)
+                try:
+                    loss, terms, tokens = self._step(stream, plan, optimizer, sctx, loss_fn)
+                except NonFiniteError as err:
+                    if plan.on_nonfinite != "skip":
+                        raise
+                    optimizer.zero_grad(set_to_none=True)  # drop the step's update
+                    scheduler.step()
+                    stats.skipped_steps += 1
+                    if self.on_skip is not None:
+                        self.on_skip(err)
+                    advance(None)
+                    continue
                 scheduler.step()
                 stats.tokens += tokens
                 for name, value in terms.items():
@@ -139,7 +177,8 @@ class StepLoop:
                     self.on_step(self.ctx.task.name, {"loss": loss, **terms})
                 advance(loss)
         stats.steps, stats.seconds = plan.steps, time.perf_counter() - start
-        stats.loss_terms = {k: v / plan.steps for k, v in sums.items()}
+        counted = max(1, plan.steps - stats.skipped_steps)
+        stats.loss_terms = {k: v / counted for k, v in sums.items()}
         stats.peak_memory_mb = peak_memory_mb()
         self.model.eval()
         return stats
@@ -173,9 +212,7 @@ class StepLoop:
         limit = plan.max_grad_norm if plan.max_grad_norm is not None else math.inf
         norm = nn.utils.clip_grad_norm_(self._trainable(), limit)
         if not math.isfinite(float(norm)):
-            raise TrainingError(
-                f"task {self.ctx.task.name!r} step {sctx.step}: non-finite gradient"
-            )
+            raise NonFiniteError(self.ctx.task.name, sctx.step, "grad_norm", float(norm))
         pre_step = self._snapshot() if self.method.uses(Capability.UPDATE_GATE) else None
         optimizer.step()
         if pre_step is not None:
@@ -206,9 +243,7 @@ class StepLoop:
         values = {k: float(v.detach()) for k, v in terms.items()}
         for name, value in values.items():
             if not math.isfinite(value):
-                raise TrainingError(
-                    f"task {self.ctx.task.name!r} step {sctx.step}: loss term {name!r} is {value}"
-                )
+                raise NonFiniteError(self.ctx.task.name, sctx.step, name, value)
         parts = list(terms.values())
         total = parts[0] if len(parts) == 1 else torch.stack([t.reshape(()) for t in parts]).sum()
         return total, values

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,7 @@ from forgetless.models.adapters import Finetuner
 from forgetless.models.loading import load_model, load_model_and_tokenizer, resolve_source
 from forgetless.models.pretrain import ensure_base_model
 from forgetless.tasks.base import Task
-from forgetless.tasks.formatting import Features, encode_example
+from forgetless.tasks.formatting import Features, encode_training_set
 from forgetless.tasks.loaders import build_task
 from forgetless.training.checkpoint import (
     atomic_dir,
@@ -44,7 +45,13 @@ from forgetless.training.checkpoint import (
     load_method_state,
     save_method_state,
 )
-from forgetless.training.loop import StepLoop, TrainPlan, TrainStats, steps_for_epochs
+from forgetless.training.loop import (
+    NonFiniteError,
+    StepLoop,
+    TrainPlan,
+    TrainStats,
+    steps_for_epochs,
+)
 from forgetless.training.progress import Progress
 from forgetless.training.results import RESULTS_FILE, Results
 from forgetless.training.tracking import Tracker
@@ -83,6 +90,21 @@ def config_differences(old: Any, new: Any, prefix: str = "") -> list[str]:
     return [] if old == new else [prefix.rstrip(".")]
 
 
+def _skip_event(task: str, skipped: list[NonFiniteError]) -> dict[str, Any]:
+    """One ``events`` record for the steps of a task dropped under ``on_nonfinite: skip``."""
+    terms: dict[str, int] = {}
+    for err in skipped:
+        terms[err.term] = terms.get(err.term, 0) + 1
+    return {
+        "type": "nonfinite",
+        "action": "skip",
+        "task": task,
+        "count": len(skipped),
+        "steps": [err.step for err in skipped[:100]],
+        "terms": terms,
+    }
+
+
 def load_tasks(configs: list[TaskConfig], cfg: RunConfig) -> list[Task]:
     return [build_task(t, cfg.eval, cfg.seed) for t in configs]
 
@@ -118,7 +140,8 @@ class Runner:
         model.to(self.device)  # type: ignore[arg-type]
         results = self._prepare_out_dir(tasks, probes)
         self.tasks, self.probes = tasks, probes
-        self.finetuner = Finetuner(model, cfg.finetune)
+        self.finetuner = Finetuner(model, cfg.finetune)  # checks LoRA targets before training
+        self.encoded = self._encode_remaining(results)
         self.base_logprobs = self._probe_logprobs(model) if cfg.eval.kl_drift and probes else None
         if results.completed_tasks:
             self._restore(results.completed_tasks)
@@ -156,6 +179,40 @@ class Runner:
         return Results(
             config=resolved, tasks=[t.name for t in tasks], probes=probe_names(self.cfg.probes)
         )
+
+    def _encode_remaining(self, results: Results) -> dict[int, list[Features]]:
+        """Encode the tasks still to train up front, so a bad example fails before any training.
+
+        Truncation is counted, warned about once per task and recorded in ``events`` (policy in
+        docs/reliability.md). Only the next task's features are kept (memory stays one task's);
+        later tasks are encoded again when they start.
+        """
+        max_length, out = self.cfg.train.max_length, {}
+        for index in range(results.completed_tasks + 1, len(self.tasks) + 1):
+            task = self.tasks[index - 1]
+            features, cut = encode_training_set(
+                self.tokenizer, task.train, max_length, f"task {task.name!r}"
+            )
+            if cut:
+                self.console.print(
+                    f"warning: task {task.name!r}: {cut} of {len(features)} training examples "
+                    f"exceed train.max_length={max_length} tokens; their completions are cut "
+                    "at the end",
+                    markup=False,
+                    highlight=False,
+                )
+                event = {
+                    "type": "truncated",
+                    "task": task.name,
+                    "count": cut,
+                    "of": len(features),
+                    "max_length": max_length,
+                }
+                if event not in results.events:
+                    results.events.append(event)
+            if index == results.completed_tasks + 1:
+                out[index] = features
+        return out
 
     def _restore(self, completed: int) -> None:
         ckpts = [
@@ -223,6 +280,7 @@ class Runner:
             warmup_steps=t.warmup_steps,
             scheduler=t.scheduler,
             max_grad_norm=t.max_grad_norm,
+            on_nonfinite=t.on_nonfinite,
         )
 
     def _context(self, index: int, features: list[Features]) -> TaskContext:
@@ -254,19 +312,29 @@ class Runner:
         seed_everything(task_seed(self.cfg.seed, index))
         self.finetuner.begin_task(index)
         self.finetuner.model.to(self.device)
-        features = [
-            encode_example(self.tokenizer, e, self.cfg.train.max_length) for e in task.train
-        ]
+        features = self.encoded.pop(index, None)
+        if features is None:
+            where = f"task {task.name!r}"
+            features, _ = encode_training_set(
+                self.tokenizer, task.train, self.cfg.train.max_length, where
+            )
         ctx = self._context(index, features)
         plan = self._plan(index, self.cfg.tasks[index - 1], len(features))
         if method.uses(Capability.TASK_START):
             method.on_task_start(ctx)
         handles = method.register_hooks(ctx) if method.uses(Capability.ACTIVATION_HOOKS) else []
+        skipped: list[NonFiniteError] = []
         try:
-            stats = self._train(ctx, plan, method)
+            stats = self._train(ctx, plan, method, skipped.append)
+        except NonFiniteError as err:
+            results.events.append(err.event("stop"))  # recorded before the error propagates
+            results.write(self.out_dir)
+            raise
         finally:
             for handle in handles:
                 handle.remove()
+        if skipped:
+            results.events.append(_skip_event(task.name, skipped))
         final = checkpoint_dir(self.out_dir, index, task.name)
         final.parent.mkdir(parents=True, exist_ok=True)
         with atomic_dir(final) as tmp:
@@ -286,9 +354,21 @@ class Runner:
         results.write(self.out_dir)
         self._report_task(index, stats, results)
 
-    def _train(self, ctx: TaskContext, plan: TrainPlan, method: Method) -> TrainStats:
+    def _train(
+        self,
+        ctx: TaskContext,
+        plan: TrainPlan,
+        method: Method,
+        on_skip: Callable[[NonFiniteError], None] | None = None,
+    ) -> TrainStats:
         loop = StepLoop(
-            ctx.model, method, ctx, self.tokenizer.pad_token_id, self.bars, self.tracker.log_step
+            ctx.model,
+            method,
+            ctx,
+            self.tokenizer.pad_token_id,
+            self.bars,
+            self.tracker.log_step,
+            on_skip,
         )
         if not method.uses(Capability.TRAIN_STAGE):
             return loop.run(ctx.train_features, plan)
