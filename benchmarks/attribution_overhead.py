@@ -24,12 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from peak_memory import (  # benchmarks/ is on sys.path when run as a script
-    add_step_args,
-    peak_mb,
-    run_case,
-    start_window,
-)
+from peak_memory import add_step_args, run_case, timed_steps  # benchmarks/ is on sys.path
 
 from forgetless.attribution.relevance import sample_relevance
 from forgetless.config.schema import ModelConfig
@@ -39,7 +34,7 @@ from forgetless.methods.seq_ft import SeqFTConfig
 from forgetless.models.tiny import build_char_tokenizer, build_tiny_model
 from forgetless.tasks.builtin import build_builtin_task
 from forgetless.tasks.formatting import collate, encode_example
-from forgetless.training.loop import StepLoop, TrainPlan
+from forgetless.training.loop import StepLoop
 
 OUT = Path(__file__).parent / "results" / "attribution_overhead.json"
 TARGETS = {"update_gate_step_time_ratio": 1.1}
@@ -78,27 +73,15 @@ def run_one(case: str, args: argparse.Namespace) -> None:
     ctx = _context(model, tokenizer, args.n_train)
     method = _method(case, model)
     handles = method.register_hooks(ctx) if case != "seq_ft" else []
-    stamps: list[float] = []
     loop = StepLoop(model, method, ctx, tokenizer.pad_token_id)
-    loop.on_step = lambda name, terms: stamps.append(time.perf_counter())
-    loop.run(
-        ctx.train_features,
-        TrainPlan(steps=args.warmup, batch_size=args.batch_size, lr=1e-3, seed=0),
-    )
-    hwm_reset = start_window(device)
-    stamps.clear()
-    start = time.perf_counter()
-    plan = TrainPlan(steps=args.steps, batch_size=args.batch_size, lr=1e-3, seed=1)
-    loop.run(ctx.train_features, plan)
-    times = [b - a for a, b in zip([start, *stamps[:-1]], stamps, strict=True)]
-    peak, measure = peak_mb(device, hwm_reset)
+    timing = timed_steps(loop, ctx.train_features, args)
     for handle in handles:
         handle.remove()
     record: dict[str, Any] = {
         "case": case,
-        "median_step_s": statistics.median(times),
-        "peak_mb": peak,
-        "memory": measure,
+        "median_step_s": statistics.median(timing["times"]),
+        "peak_mb": timing["peak_mb"],
+        "memory": timing["memory"],
     }
     if case == "update_gate":
         record["relevance"] = _relevance_pass(model, tokenizer, ctx, args.relevance_samples)

@@ -13,6 +13,7 @@ import json
 import resource
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -71,3 +72,21 @@ def run_case(script: str, case_args: list[str], args: argparse.Namespace, flags:
         command += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
+
+
+def timed_steps(loop: Any, features: list[Any], args: argparse.Namespace) -> dict[str, Any]:
+    """Warm ``loop`` up for ``args.warmup`` steps, then time ``args.steps`` steps one by one and
+    measure the window's peak memory: ``{"times": [...], "peak_mb": ..., "memory": ...}``."""
+    from forgetless.training.loop import TrainPlan
+
+    stamps: list[float] = []
+    loop.on_step = lambda name, terms: stamps.append(time.perf_counter())
+    device = loop.ctx.device
+    loop.run(features, TrainPlan(steps=args.warmup, batch_size=args.batch_size, lr=1e-3, seed=0))
+    hwm_reset = start_window(device)
+    stamps.clear()
+    start = time.perf_counter()
+    loop.run(features, TrainPlan(steps=args.steps, batch_size=args.batch_size, lr=1e-3, seed=1))
+    times = [b - a for a, b in zip([start, *stamps[:-1]], stamps, strict=True)]
+    peak, measure = peak_mb(device, hwm_reset)
+    return {"times": times, "peak_mb": peak, "memory": measure}

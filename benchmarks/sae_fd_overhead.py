@@ -27,17 +27,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
-from peak_memory import (  # benchmarks/ is on sys.path when run as a script
-    add_step_args,
-    peak_mb,
-    run_case,
-    start_window,
-)
+from peak_memory import add_step_args, run_case, timed_steps  # benchmarks/ is on sys.path
 
 from forgetless.config.demo import SMALL_MODEL
 from forgetless.config.schema import FinetuneConfig, ModelConfig, TinyModelConfig
@@ -50,7 +44,7 @@ from forgetless.sae.gated import GatedSAE, GatedSAEConfig, freeze
 from forgetless.sae.train import input_scale
 from forgetless.tasks.builtin import build_builtin_task
 from forgetless.tasks.formatting import Features, encode_example
-from forgetless.training.loop import StepLoop, TrainPlan
+from forgetless.training.loop import StepLoop
 
 OUT = Path(__file__).parent / "results" / "sae_fd_overhead.json"
 TARGETS = {"step_time_ratio_at_quarter": 1.4, "anchor_output_bytes_ratio": 0.5}
@@ -101,26 +95,16 @@ def run_one(case: str, fraction: float, args: argparse.Namespace) -> None:
         method = sae_method
     ctx = _context(model, tokenizer, "reverse", args.n_train, 2)
     handles = method.register_hooks(ctx) if case == "sae_fd" else []
-    stamps: list[float] = []
     loop = StepLoop(model, method, ctx, tokenizer.pad_token_id)
-    loop.on_step = lambda name, terms: stamps.append(time.perf_counter())
-    plan = TrainPlan(steps=args.warmup, batch_size=args.batch_size, lr=1e-3, seed=0)
-    loop.run(ctx.train_features, plan)
-    hwm_reset = start_window(device)
-    stamps.clear()
-    start = time.perf_counter()
-    plan = TrainPlan(steps=args.steps, batch_size=args.batch_size, lr=1e-3, seed=1)
-    loop.run(ctx.train_features, plan)
-    times = [b - a for a, b in zip([start, *stamps[:-1]], stamps, strict=True)]
-    peak, measure = peak_mb(device, hwm_reset)
+    timing = timed_steps(loop, ctx.train_features, args)
     for handle in handles:
         handle.remove()
     record = {
         "case": case,
         "fraction": fraction,
-        "median_step_s": statistics.median(times),
-        "peak_mb": peak,
-        "memory": measure,
+        "median_step_s": statistics.median(timing["times"]),
+        "peak_mb": timing["peak_mb"],
+        "memory": timing["memory"],
         **({"storage": storage} if storage else {}),
     }
     print(json.dumps(record))
