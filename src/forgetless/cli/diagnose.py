@@ -11,6 +11,7 @@ from rich.table import Table
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 console = Console()
+CheckpointsArg = Annotated[list[Path], typer.Argument(help="Model folders; the first is the base.")]
 
 
 def _fmt(value: object, digits: int = 4) -> str:
@@ -116,9 +117,7 @@ def _common_parent(paths: list[Path]) -> Path:
 
 @app.command()
 def circuits(
-    checkpoints: Annotated[
-        list[Path], typer.Argument(help="Model folders; the first is the base.")
-    ],
+    checkpoints: CheckpointsArg,
     behaviour: Annotated[
         str, typer.Option(help="A built-in task's prompts and answers, or a JSONL file.")
     ] = "copy",
@@ -183,9 +182,7 @@ def circuits(
 
 @app.command()
 def drift(
-    checkpoints: Annotated[
-        list[Path], typer.Argument(help="Model folders; the first is the base.")
-    ],
+    checkpoints: CheckpointsArg,
     probes: Annotated[
         str, typer.Option(help="Comma-separated built-in retention probes.")
     ] = "copy,upper,facts,add",

@@ -14,15 +14,11 @@ from collections.abc import Callable, Mapping
 import torch
 from torch import nn
 
-from forgetless.methods.base import Stage, require_carry_regime
+from forgetless.methods.base import Stage, require_carry_regime, trainable_parameters
 from forgetless.training.loop import TrainStats
 
 Tensors = dict[str, torch.Tensor]
 Increment = Callable[[Tensors, Stage], Tensors]
-
-
-def trainable(model: nn.Module) -> dict[str, nn.Parameter]:
-    return {n: p for n, p in model.named_parameters() if p.requires_grad}
 
 
 def write_back(params: Mapping[str, nn.Parameter], before: Tensors, increments: Tensors) -> None:
@@ -36,7 +32,7 @@ def write_back(params: Mapping[str, nn.Parameter], before: Tensors, increments: 
 def train_then_merge(method: str, stage: Stage, increment: Increment) -> TrainStats:
     """Snapshot θ_{t−1}, train through the shared loop, merge ``Δ_t`` by ``increment``."""
     require_carry_regime(method, stage.ctx.run.lora_regime, "merges the trainable weights")
-    params = trainable(stage.ctx.model)
+    params = trainable_parameters(stage.ctx.model)
     before = {n: p.detach().clone() for n, p in params.items()}
     stats = stage.sft()
     with torch.no_grad():

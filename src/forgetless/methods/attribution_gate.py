@@ -28,6 +28,7 @@ from forgetless.methods.base import (
     TaskEndContext,
     register_method,
     require_carry_regime,
+    trainable_parameters,
 )
 from forgetless.tasks.formatting import collate
 
@@ -111,7 +112,7 @@ class AttributionGate(Method):
 
     def on_task_end(self, ctx: TaskEndContext) -> None:
         task = ctx.task
-        names = {n for n, p in task.model.named_parameters() if p.requires_grad}
+        names = set(trainable_parameters(task.model))
         accumulator = MapAccumulator(self.cfg.top_fraction, self.cfg.log_scale)
         gen = torch.Generator().manual_seed(task.run.seed * 1000 + task.task_index)
         order = torch.randperm(len(task.train_features), generator=gen)[: self.cfg.max_samples]

@@ -238,6 +238,11 @@ def create_method(config: MethodConfig) -> Method:
     return method_class(config.name)(config)
 
 
+def trainable_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
+    """The trainable parameters by name (for a LoRA carry run: the one adapter's weights)."""
+    return {n: p for n, p in model.named_parameters() if p.requires_grad}
+
+
 def require_carry_regime(method: str, regime: str | None, why: str) -> None:
     """Methods that keep per-weight state by name need one LoRA adapter for the whole sequence."""
     if regime not in (None, "carry"):

@@ -20,6 +20,7 @@ from forgetless.methods.base import (
     TaskEndContext,
     register_method,
     require_carry_regime,
+    trainable_parameters,
 )
 from forgetless.tasks.formatting import Features, collate
 from forgetless.training.loop import causal_lm_loss
@@ -43,11 +44,6 @@ def online_fisher(old: Tensors | None, new: Tensors, gamma: float) -> dict[str, 
     return out
 
 
-def trainable(model: nn.Module) -> dict[str, nn.Parameter]:
-    """The trainable parameters by name (for a LoRA carry run: the one adapter's weights)."""
-    return {n: p for n, p in model.named_parameters() if p.requires_grad}
-
-
 def empirical_fisher(
     model: nn.Module, features: list[Features], pad_id: int, batch_size: int, device: torch.device
 ) -> dict[str, torch.Tensor]:
@@ -56,7 +52,7 @@ def empirical_fisher(
     With ``batch_size=1`` this is the per-example empirical Fisher; larger batches square the
     mini-batch mean gradient (cheaper, smaller where per-example gradients disagree).
     """
-    params = trainable(model)
+    params = trainable_parameters(model)
     fisher = {n: torch.zeros_like(p, dtype=torch.float32) for n, p in params.items()}
     model.eval()
     chunks = [features[i : i + batch_size] for i in range(0, len(features), batch_size)]
@@ -127,7 +123,7 @@ class EWC(Method):
             require_carry_regime(self.name, ctx.task.run.lora_regime, "anchors weights by name")
         if not self.fisher:
             return {"ewc": outputs.logits.new_zeros((), dtype=torch.float32)}
-        params = trainable(ctx.task.model)
+        params = trainable_parameters(ctx.task.model)
         self._to(next(iter(params.values())).device)
         live = {n: f for n, f in self.fisher.items() if n in params}
         if not live:
@@ -142,7 +138,7 @@ class EWC(Method):
         pad_id = task.tokenizer.pad_token_id
         new = empirical_fisher(task.model, sample, pad_id, self.cfg.fisher_batch_size, task.device)
         self.fisher = online_fisher(self.fisher, new, self.cfg.gamma)
-        self.anchor = {n: p.detach().clone() for n, p in trainable(task.model).items()}
+        self.anchor = {n: p.detach().clone() for n, p in trainable_parameters(task.model).items()}
 
     def state_dict(self) -> MethodState:
         return {"fisher": dict(self.fisher), "anchor": dict(self.anchor)}
