@@ -45,9 +45,13 @@ def run(
 
     cfg = load_config(config, set_, preset)
     out_dir = out or Path("runs") / (config.stem if config else preset)
+    from forgetless.training.distributed import is_main_process
+
     results = Runner(
         cfg, out_dir, console, progress=not quiet, allow_config_change=allow_config_change
     ).run()
+    if not is_main_process():  # under accelerate launch, one process reports
+        return
     data = results.to_json()
     console.print(accuracy_table(data))
     console.print(metrics_table(data))

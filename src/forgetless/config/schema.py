@@ -130,6 +130,13 @@ class TrainConfig(Strict):
         description="A NaN/inf loss or gradient: stop the run (the event goes into results.json), "
         "or skip that step's update and count it.",
     )
+    checkpoint_every: int | None = Field(
+        None,
+        ge=1,
+        description="Write a step checkpoint (weights, optimizer, scheduler, RNG, data order, "
+        "method state) every N optimizer steps and when a task's training ends, so a re-run "
+        "resumes inside the task; null: resume only after finished tasks.",
+    )
 
 
 class TrainOverrides(Strict):

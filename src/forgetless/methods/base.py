@@ -105,6 +105,11 @@ class StepContext:
     task: TaskContext
     step: int
     total_steps: int
+    global_batch_size: int = 0
+    """Examples in the step's micro-batch over all processes (after any batch transform)."""
+    batch_share: float = 1.0
+    """This process's share of the micro-batch's labelled tokens (1.0 with one process): a
+    token-mean value ``v`` of this process is worth ``batch_share * v`` of the global one."""
 
 
 @dataclass

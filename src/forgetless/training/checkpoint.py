@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,6 +17,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from forgetless.errors import CheckpointError
+from forgetless.training.distributed import is_main_process
 
 if TYPE_CHECKING:  # the methods package imports its methods, which import this module
     from forgetless.methods.base import MethodState
@@ -25,7 +27,12 @@ META_FILE = "method_state.json"
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temp file in the same folder and an atomic rename."""
+    """Write ``text`` to ``path`` through a temp file in the same folder and an atomic rename.
+
+    Only the main process writes; the others (which hold the same results) write nothing.
+    """
+    if not is_main_process():
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     with tmp.open("w", encoding="utf-8") as handle:
@@ -35,13 +42,31 @@ def atomic_write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def remove_stale_temps(folder: Path) -> list[Path]:
+    """Delete what a killed atomic write left in ``folder`` (and its ``checkpoints/``)."""
+    gone = [*folder.glob(".*.tmp-*"), *folder.glob("checkpoints/.tmp-*")]
+    for path in gone:
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    return gone
+
+
 def atomic_write_json(path: Path, data: Any) -> None:
     atomic_write_text(path, json.dumps(data, indent=2, allow_nan=True) + "\n")
 
 
 @contextmanager
 def atomic_dir(final: Path) -> Iterator[Path]:
-    """Yield a temp folder beside ``final``; on success it replaces ``final`` in one rename."""
+    """Yield a temp folder beside ``final``; on success it replaces ``final`` in one rename.
+
+    On a process other than the main one the folder is a scratch one, thrown away afterwards.
+    """
+    if not is_main_process():
+        with tempfile.TemporaryDirectory(prefix="forgetless-") as scratch:
+            yield Path(scratch)
+        return
     tmp = final.with_name(f".tmp-{final.name}")
     if tmp.exists():
         shutil.rmtree(tmp)

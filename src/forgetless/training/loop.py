@@ -16,8 +16,10 @@ from transformers import get_scheduler
 from forgetless.errors import TrainingError
 from forgetless.methods.base import Batch, Capability, LossFn, Method, StepContext, TaskContext
 from forgetless.tasks.formatting import IGNORE_INDEX, Features, collate
+from forgetless.training import distributed
 from forgetless.training.progress import Progress
 from forgetless.training.resources import peak_memory_mb
+from forgetless.training.step_checkpoint import LoopProgress, StepCheckpointer
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,8 @@ class TrainStats:
     peak_memory_mb: float = 0.0
     skipped_steps: int = 0
     """Steps whose update was dropped for a non-finite loss or gradient (``on_nonfinite: skip``)."""
+    losses: list[float] = field(default_factory=list)
+    """The total loss of every optimizer step (the global value over all processes)."""
     details: dict[str, Any] = field(default_factory=dict)
     """Method-specific records (JSON-able) that go into ``results.json`` with the task's stats."""
 
@@ -89,6 +93,7 @@ class TrainStats:
             "peak_memory_mb": round(self.peak_memory_mb, 1),
             **({"skipped_steps": self.skipped_steps} if self.skipped_steps else {}),
             **({"details": self.details} if self.details else {}),
+            "losses": self.losses,
         }
 
 
@@ -98,14 +103,25 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(shifted, labels[:, 1:].reshape(-1), ignore_index=IGNORE_INDEX)
 
 
-def batches(features: list[Features], batch_size: int, seed: int) -> Iterator[list[Features]]:
-    """Endless seeded micro-batches, reshuffled every epoch (drop-last when over one batch)."""
+def batches(
+    features: list[Features], batch_size: int, seed: int, skip: int = 0
+) -> Iterator[list[Features]]:
+    """Endless seeded micro-batches, reshuffled every epoch (drop-last when over one batch).
+
+    ``skip`` micro-batches are passed over first (a resumed task replays its data order).
+    """
     generator = torch.Generator().manual_seed(seed)
+    n = len(features)
+    per_epoch = n // batch_size if n >= batch_size else 1
+    for _ in range(skip // per_epoch):
+        torch.randperm(n, generator=generator)
+    offset = skip % per_epoch
     while True:
-        order = torch.randperm(len(features), generator=generator).tolist()
-        stop = len(order) - len(order) % batch_size if len(order) >= batch_size else len(order)
-        for start in range(0, stop, batch_size):
+        order = torch.randperm(n, generator=generator).tolist()
+        stop = n - n % batch_size if n >= batch_size else n
+        for start in range(offset * batch_size, stop, batch_size):
             yield [features[i] for i in order[start : start + batch_size]]
+        offset = 0
 
 
 def make_optimizer(params: list[nn.Parameter], plan: TrainPlan) -> torch.optim.Optimizer:
@@ -134,6 +150,8 @@ class StepLoop:
     """Called after each optimizer step with the task name and the named loss terms."""
     on_skip: Callable[[NonFiniteError], None] | None = None
     """Called for each step dropped under ``on_nonfinite: skip``."""
+    checkpointer: StepCheckpointer | None = None
+    """Writes step checkpoints and resumes from the last one (None: no step checkpoints)."""
 
     def run(
         self,
@@ -142,19 +160,20 @@ class StepLoop:
         loss_fn: LossFn | None = None,
         label: str = "train",
     ) -> TrainStats:
-        params = [p for p in self.model.parameters() if p.requires_grad]
+        params = self._trainable()
         if not params:
             raise TrainingError(
                 f"task {self.ctx.task.name!r}: the model has no trainable parameter"
             )
+        distributed.check_batch(plan.batch_size, f"task {self.ctx.task.name!r}")
         optimizer = make_optimizer(params, plan)
         scheduler = get_scheduler(plan.scheduler, optimizer, plan.warmup_steps, plan.steps)
-        stream = batches(features, plan.batch_size, plan.seed)
-        stats, sums = TrainStats(), {}  # type: ignore[var-annotated]
+        done = self._resume(optimizer, scheduler)
+        stream = batches(features, plan.batch_size, plan.seed, done.step * plan.grad_accum)
         self.model.train()
-        start = time.perf_counter()
-        with self._bar(label, plan.steps) as advance:
-            for step in range(plan.steps):
+        start = time.perf_counter() - done.seconds
+        with self._bar(label, plan.steps, done.step) as advance:
+            for step in range(done.step, plan.steps):
                 sctx = StepContext(task=self.ctx, step=step, total_steps=plan.steps)
                 try:
                     loss, terms, tokens = self._step(stream, plan, optimizer, sctx, loss_fn)
@@ -162,31 +181,41 @@ class StepLoop:
                     if plan.on_nonfinite != "skip":
                         raise
                     optimizer.zero_grad(set_to_none=True)  # drop the step's update
-                    scheduler.step()
-                    stats.skipped_steps += 1
+                    done.skipped.append((err.step, err.term, err.value))
                     if self.on_skip is not None:
                         self.on_skip(err)
-                    advance(None)
-                    continue
+                else:
+                    done.tokens += tokens
+                    for name, value in terms.items():
+                        done.sums[name] = done.sums.get(name, 0.0) + value
+                    done.final_loss = loss
+                    done.losses.append(loss)
+                    if self.on_step is not None:
+                        self.on_step(self.ctx.task.name, {"loss": loss, **terms})
                 scheduler.step()
-                stats.tokens += tokens
-                for name, value in terms.items():
-                    sums[name] = sums.get(name, 0.0) + value
-                stats.final_loss = loss
-                if self.on_step is not None:
-                    self.on_step(self.ctx.task.name, {"loss": loss, **terms})
-                advance(loss)
-        stats.steps, stats.seconds = plan.steps, time.perf_counter() - start
-        counted = max(1, plan.steps - stats.skipped_steps)
-        stats.loss_terms = {k: v / counted for k, v in sums.items()}
-        stats.peak_memory_mb = peak_memory_mb()
+                done.step, done.seconds = step + 1, time.perf_counter() - start
+                if self.checkpointer is not None and self.checkpointer.due(done.step, plan.steps):
+                    self.checkpointer.save(self.model, optimizer, scheduler, done)
+                advance(None if math.isnan(done.final_loss) else done.final_loss)
         self.model.eval()
-        return stats
+        return _stats(done, plan)
 
-    def _bar(self, label: str, total: int) -> Any:
+    def _resume(self, optimizer: torch.optim.Optimizer, scheduler: Any) -> LoopProgress:
+        """The progress restored from the task's step checkpoint, or a fresh start."""
+        if self.checkpointer is None:
+            return LoopProgress()
+        done = self.checkpointer.resume(self.model, optimizer, scheduler)
+        if done is None:
+            return LoopProgress()
+        if self.on_skip is not None:
+            for step, term, value in done.skipped:
+                self.on_skip(NonFiniteError(self.ctx.task.name, step, term, value))
+        return done
+
+    def _bar(self, label: str, total: int, completed: int) -> Any:
         if self.progress is None:
             return _NullBar()
-        return self.progress.task(f"{label} {self.ctx.task.name}", total)
+        return self.progress.task(f"{label} {self.ctx.task.name}", total, completed)
 
     def _step(
         self,
@@ -202,13 +231,18 @@ class StepLoop:
             feats = next(stream)
             if self.method.uses(Capability.BATCH_TRANSFORM):
                 feats = self.method.transform_batch(feats, sctx)
+            sctx.global_batch_size = len(feats)
+            feats = distributed.shard(feats)
             batch = {k: v.to(self.ctx.device) for k, v in collate(feats, self.pad_id).items()}
+            sctx.batch_share, global_tokens = self._share(batch)
             total, terms = self._loss(batch, sctx, loss_fn)
-            (total / plan.grad_accum).backward()
-            tokens += int(batch["attention_mask"].sum())
-            total_value += float(total.detach()) / plan.grad_accum
+            scale = sctx.batch_share / plan.grad_accum if distributed.world_size() > 1 else None
+            (total * scale if scale is not None else total / plan.grad_accum).backward()
+            tokens += global_tokens
             for name, value in terms.items():
+                total_value += value / plan.grad_accum
                 logged[name] = logged.get(name, 0.0) + value / plan.grad_accum
+        distributed.sum_gradients(self._trainable())
         limit = plan.max_grad_norm if plan.max_grad_norm is not None else math.inf
         norm = nn.utils.clip_grad_norm_(self._trainable(), limit)
         if not math.isfinite(float(norm)):
@@ -220,6 +254,19 @@ class StepLoop:
                 self.method.gate_update(self.model, pre_step, sctx)
         optimizer.zero_grad(set_to_none=True)
         return total_value, logged, tokens
+
+    def _share(self, batch: Batch) -> tuple[float, int]:
+        """This process's share of the micro-batch's labelled tokens, and all processes' tokens."""
+        attended = batch["attention_mask"].sum()
+        if distributed.world_size() == 1:
+            return 1.0, int(attended)
+        local = torch.stack(
+            [distributed.labelled_tokens(batch["labels"], IGNORE_INDEX), attended.double()]
+        )
+        counts = distributed.weighted_sum(local, 1.0)
+        total = float(counts[0])
+        share = float(local[0]) / total if total > 0 else 1 / distributed.world_size()
+        return share, int(counts[1])
 
     def _loss(
         self, batch: Batch, sctx: StepContext, loss_fn: LossFn | None
@@ -240,8 +287,10 @@ class StepLoop:
                     f"method {self.method.name!r} returned a reserved loss name 'task'"
                 )
             terms.update(extra)
-        values = {k: float(v.detach()) for k, v in terms.items()}
-        for name, value in values.items():
+        local = torch.stack([t.detach().reshape(()).double() for t in terms.values()])
+        reduced = distributed.weighted_sum(local, sctx.batch_share).tolist()  # one device sync
+        values = dict(zip(terms, reduced, strict=True))
+        for name, value in values.items():  # every process sees the same global values
             if not math.isfinite(value):
                 raise NonFiniteError(self.ctx.task.name, sctx.step, name, value)
         parts = list(terms.values())
@@ -253,6 +302,20 @@ class StepLoop:
 
     def _snapshot(self) -> dict[str, torch.Tensor]:
         return {n: p.detach().clone() for n, p in self.model.named_parameters() if p.requires_grad}
+
+
+def _stats(done: LoopProgress, plan: TrainPlan) -> TrainStats:
+    counted = max(1, plan.steps - len(done.skipped))
+    return TrainStats(
+        steps=plan.steps,
+        seconds=done.seconds,
+        tokens=done.tokens,
+        final_loss=done.final_loss,
+        loss_terms={k: v / counted for k, v in done.sums.items()},
+        peak_memory_mb=peak_memory_mb(),
+        skipped_steps=len(done.skipped),
+        losses=list(done.losses),
+    )
 
 
 class _NullBar:

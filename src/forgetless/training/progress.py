@@ -41,8 +41,10 @@ class Progress:
         self._rich.__exit__(None, None, None)
 
     @contextmanager
-    def task(self, description: str, total: int) -> Iterator[Callable[[float | None], None]]:
-        task_id = self._rich.add_task(description, total=total, info="")
+    def task(
+        self, description: str, total: int, completed: int = 0
+    ) -> Iterator[Callable[[float | None], None]]:
+        task_id = self._rich.add_task(description, total=total, completed=completed, info="")
 
         def advance(loss: float | None = None) -> None:
             info = f"loss {loss:.4f}" if loss is not None else ""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import random
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,7 +14,6 @@ from typing import Any
 import numpy as np
 import torch
 import yaml
-from accelerate import PartialState
 from rich.console import Console
 from torch import nn
 
@@ -39,10 +39,12 @@ from forgetless.models.pretrain import ensure_base_model
 from forgetless.tasks.base import Task
 from forgetless.tasks.formatting import Features, encode_training_set
 from forgetless.tasks.loaders import build_task
+from forgetless.training import distributed
 from forgetless.training.checkpoint import (
     atomic_dir,
     atomic_write_text,
     load_method_state,
+    remove_stale_temps,
     save_method_state,
 )
 from forgetless.training.loop import (
@@ -54,6 +56,7 @@ from forgetless.training.loop import (
 )
 from forgetless.training.progress import Progress
 from forgetless.training.results import RESULTS_FILE, Results
+from forgetless.training.step_checkpoint import StepCheckpointer, plan_fingerprint
 from forgetless.training.tracking import Tracker
 
 CONFIG_FILE = "config.yaml"
@@ -72,6 +75,10 @@ def task_seed(seed: int, index: int) -> int:
 
 def checkpoint_dir(out_dir: Path, index: int, name: str) -> Path:
     return out_dir / "checkpoints" / f"task-{index:02d}-{name}"
+
+
+def step_checkpoint_dir(out_dir: Path, index: int, name: str) -> Path:
+    return out_dir / "checkpoints" / f"step-{index:02d}-{name}"
 
 
 def config_differences(old: Any, new: Any, prefix: str = "") -> list[str]:
@@ -124,21 +131,33 @@ class Runner:
     def run(self) -> Results:
         cfg = self.cfg
         torch.set_flush_denormal(True)
+        self.device = distributed.start().device  # accelerate picks the process's device
+        if not distributed.is_main_process():  # one process prints and writes
+            self.console, self.progress = Console(quiet=True), False
+        warning = distributed.launch_warning()
+        if warning:
+            self.console.print(warning, markup=False, highlight=False)
         task_probes = [p for p in cfg.probes if isinstance(p, TaskConfig)]
         tasks, probes = load_tasks(cfg.tasks, cfg), load_tasks(task_probes, cfg)
         self.lm_probes = [p for p in cfg.probes if isinstance(p, LmEvalProbe)]
         self.active: Method = self.method or create_method(cfg.method)
-        self.tracker = Tracker(cfg.report_to, self.out_dir, cfg.model_dump(mode="json"))
+        report_to = cfg.report_to if distributed.is_main_process() else "none"
+        self.tracker = Tracker(report_to, self.out_dir, cfg.model_dump(mode="json"))
         source = (
             None
             if cfg.model.name_or_path
-            else str(ensure_base_model(cfg.model, self.console, self.progress))
+            else str(
+                distributed.main_first(
+                    lambda: ensure_base_model(cfg.model, self.console, self.progress)
+                )
+            )
         )
         self.source = resolve_source(source or cfg.model.name_or_path or "")
         model, self.tokenizer = load_model_and_tokenizer(cfg.model, self.source)
-        self.device = PartialState().device  # accelerate picks the process's device
         model.to(self.device)  # type: ignore[arg-type]
+        self.tasks_for_cleanup = tasks
         results = self._prepare_out_dir(tasks, probes)
+        distributed.barrier()
         self.tasks, self.probes = tasks, probes
         self.finetuner = Finetuner(model, cfg.finetune)  # checks LoRA targets before training
         self.encoded = self._encode_remaining(results)
@@ -172,6 +191,7 @@ class Runner:
         atomic_write_text(config_path, dump_config(self.cfg))
         if results_path.is_file():
             results = Results.read(results_path)
+            self._remove_stale(results.completed_tasks)
             results.config = resolved
             if results.completed_tasks:
                 self.console.print(f"Resuming after task {results.completed_tasks} of {len(tasks)}")
@@ -179,6 +199,16 @@ class Runner:
         return Results(
             config=resolved, tasks=[t.name for t in tasks], probes=probe_names(self.cfg.probes)
         )
+
+    def _remove_stale(self, completed: int) -> None:
+        """Temp files of a killed write, and step checkpoints of tasks that have finished."""
+        if not distributed.is_main_process():
+            return
+        remove_stale_temps(self.out_dir)
+        for index, task in enumerate(self.tasks_for_cleanup[:completed], start=1):
+            stale = step_checkpoint_dir(self.out_dir, index, task.name)
+            if stale.is_dir():
+                shutil.rmtree(stale)
 
     def _encode_remaining(self, results: Results) -> dict[int, list[Features]]:
         """Encode the tasks still to train up front, so a bad example fails before any training.
@@ -349,10 +379,23 @@ class Runner:
             evals = self._record_row(results, eval_model)
             if method.uses(Capability.TASK_END):
                 method.on_task_end(TaskEndContext(ctx, evals, stats))
-            save_method_state(tmp, method.state_dict())
+            save_method_state(tmp, self._reduced_state(method))
         results.per_task.append({"task": task.name, **stats.as_dict()})
         results.write(self.out_dir)
+        step_dir = step_checkpoint_dir(self.out_dir, index, task.name)
+        if distributed.is_main_process() and step_dir.is_dir():
+            shutil.rmtree(step_dir)  # the task checkpoint supersedes it
         self._report_task(index, stats, results)
+
+    def _reduced_state(self, method: Method) -> dict[str, Any]:
+        """The method's state reduced over processes by its ``reduce_ops``; every process then
+        holds what is saved, so a resumed run and an uninterrupted one go on alike."""
+        state = method.state_dict()
+        if distributed.world_size() == 1 or not method.reduce_ops:
+            return state
+        reduced: dict[str, Any] = distributed.reduce_state(state, method.reduce_ops)
+        method.load_state_dict(reduced)
+        return reduced
 
     def _train(
         self,
@@ -371,6 +414,10 @@ class Runner:
             on_skip,
         )
         if not method.uses(Capability.TRAIN_STAGE):
+            every = self.cfg.train.checkpoint_every
+            if every is not None:
+                folder = step_checkpoint_dir(self.out_dir, ctx.task_index, ctx.task.name)
+                loop.checkpointer = StepCheckpointer(folder, every, method, plan_fingerprint(plan))
             return loop.run(ctx.train_features, plan)
 
         def sft(

@@ -1,0 +1,46 @@
+"""A SIGKILL in the middle of a training step: the re-run resumes inside the task, from its last
+step checkpoint, and ends where an uninterrupted run ends (the slow tier kills at more points)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from cli_runs import assert_whole, cli, final_state, killed_at, results, write_config
+from conftest import tiny_run_config
+
+from forgetless.training.loop import batches
+
+
+def test_sigkill_mid_step_resumes_from_the_step_checkpoint(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    train = {"steps": 6, "batch_size": 8, "lr": 1e-3, "max_length": 32, "checkpoint_every": 2}
+    config = write_config(tmp_path, tiny_run_config(tiny_model_dir, train=train))
+    cli(config, tmp_path / "full")
+
+    out = tmp_path / "killed"
+    killed_at("step", 6 + 4, config, out)  # task 2, step 4 (0-based 3): after its step-2 save
+    saved = json.loads((out / "checkpoints" / "step-02-cipher" / "step_state.json").read_text())
+    assert saved["progress"]["step"] == 2
+    assert results(out)["completed_tasks"] == 1
+
+    cli(config, out)
+    full, resumed = results(tmp_path / "full"), results(out)
+    assert resumed["accuracy_matrix"] == full["accuracy_matrix"]
+    assert resumed["probe_accuracy"] == full["probe_accuracy"]
+    assert [t["losses"] for t in resumed["per_task"]] == [t["losses"] for t in full["per_task"]]
+    for name, tensors in final_state(tmp_path / "full").items():
+        again = final_state(out)[name]
+        assert all(torch.equal(tensors[k], again[k]) for k in tensors), name
+    assert_whole(out)
+
+
+def test_skipped_batches_replay_the_data_order() -> None:
+    features = [{"input_ids": [i]} for i in range(10)]
+    stream = batches(features, 3, seed=7)  # type: ignore[arg-type]
+    drawn = [next(stream) for _ in range(8)]
+    for skip in (0, 1, 3, 4, 7):
+        resumed = batches(features, 3, seed=7, skip=skip)  # type: ignore[arg-type]
+        assert [next(resumed) for _ in range(8 - skip)] == drawn[skip:]

@@ -1,0 +1,58 @@
+"""Two processes through ``accelerate launch`` against one: with 2 × batch b/2 against 1 × batch b
+the per-step losses agree to float tolerance, the method state agrees, and only the main process
+writes. The fast tier runs seq_ft; the slow tier every method with cross-step state."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from cli_runs import cli, final_state, step_losses, two_processes, write_config
+from conftest import tiny_run_config
+from test_conformance import METHOD_CASES
+
+SLOW = pytest.mark.slow
+CASES = [
+    pytest.param("seq_ft", "full"),
+    pytest.param("ewc", "full", marks=SLOW),
+    pytest.param("replay", "full", marks=SLOW),
+    pytest.param("attribution_gate", "full", marks=SLOW),
+    pytest.param("anchored", "full", marks=SLOW),
+    pytest.param("sae_fd", "lora", marks=SLOW),
+]
+
+
+def _config(model_dir: Path, method: str, mode: str) -> dict[str, Any]:
+    case = {k: v for k, v in METHOD_CASES[method].items() if not k.startswith("_")}
+    return tiny_run_config(
+        model_dir,
+        method=case,
+        finetune={"mode": mode, "lora": {"r": 2}},
+        train={"steps": 4, "batch_size": 8, "lr": 1e-3, "max_length": 32},
+    )
+
+
+def _files(out: Path) -> list[str]:
+    return sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+
+
+@pytest.mark.parametrize(("method", "mode"), CASES)
+def test_two_processes_match_one(
+    tiny_model_dir: Path, tmp_path: Path, method: str, mode: str
+) -> None:
+    config = write_config(tmp_path, _config(tiny_model_dir, method, mode))
+    cli(config, tmp_path / "one")
+    two_processes(config, tmp_path / "two")
+
+    one, two = step_losses(tmp_path / "one"), step_losses(tmp_path / "two")
+    assert [len(t) for t in one] == [len(t) for t in two]
+    for a, b in zip(one, two, strict=True):
+        assert b == pytest.approx(a, rel=1e-5, abs=1e-7)
+    assert _files(tmp_path / "two") == _files(tmp_path / "one")  # nothing more was written
+    state_one, state_two = final_state(tmp_path / "one"), final_state(tmp_path / "two")
+    assert state_one.keys() == state_two.keys()
+    for name, tensors in state_one.items():
+        for key, value in tensors.items():
+            torch.testing.assert_close(state_two[name][key], value, rtol=1e-4, atol=1e-5)

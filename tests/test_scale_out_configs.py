@@ -1,0 +1,100 @@
+"""The collectives on 2 gloo processes, the shipped accelerate configs, and refused launches."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from accelerate.commands.config.config_args import ClusterConfig
+
+from forgetless.errors import ConfigError
+from forgetless.training import distributed
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "accelerate"
+
+
+def _worker(rank: int, init: str, out: str) -> None:
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    try:
+        state = {
+            "fisher": {"w": torch.tensor([1.0, 2.0]) * (rank + 1)},
+            "importance": torch.tensor([0.1, 0.9]) if rank else torch.tensor([0.5, 0.2]),
+            "anchor": torch.tensor([float(rank)]),
+            "lam": 0.5,
+        }
+        reduced = distributed.reduce_state(state, {"fisher": "mean", "importance": "max"})
+        param = torch.nn.Parameter(torch.zeros(3))
+        param.grad = torch.full((3,), float(rank + 1))
+        distributed.sum_gradients([param])
+        shards = distributed.shard(list(range(5)))
+        value = distributed.weighted_sum(torch.tensor([2.0 + rank]), 0.25 if rank else 0.75)
+        with distributed.local_only():
+            local = (distributed.world_size(), distributed.shard([1, 2, 3]))
+        record = {
+            "fisher": reduced["fisher"]["w"].tolist(),
+            "importance": reduced["importance"].tolist(),
+            "anchor": reduced["anchor"].tolist(),
+            "lam": reduced["lam"],
+            "grad": param.grad.tolist(),
+            "shard": shards,
+            "weighted": value.item(),
+            "local": [local[0], local[1]],
+        }
+        Path(out, f"{rank}.json").write_text(json.dumps(record), encoding="utf-8")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_collectives_on_two_processes(tmp_path: Path) -> None:
+    init = f"file://{tmp_path / 'rendezvous'}"
+    mp.spawn(_worker, args=(init, str(tmp_path)), nprocs=2, join=True)
+    got = [json.loads((tmp_path / f"{r}.json").read_text()) for r in (0, 1)]
+    for rank, record in enumerate(got):
+        assert record["fisher"] == [1.5, 3.0]  # mean of 1× and 2×
+        assert record["importance"] == pytest.approx([0.5, 0.9])  # element-wise max
+        assert record["anchor"] == [float(rank)]  # no op named: left as it is
+        assert record["lam"] == 0.5
+        assert record["grad"] == [3.0, 3.0, 3.0]  # summed
+        assert record["weighted"] == pytest.approx(0.75 * 2.0 + 0.25 * 3.0)
+        assert record["local"] == [1, [1, 2, 3]]
+    assert got[0]["shard"] + got[1]["shard"] == [0, 1, 2, 3, 4]
+    assert [len(r["shard"]) for r in got] == [3, 2]
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
+def test_example_accelerate_configs_fit_the_schema(path: Path) -> None:
+    """On this GPU-less machine the GPU configs can only be checked against accelerate's schema."""
+    cfg = ClusterConfig.from_yaml_file(str(path))
+    assert str(cfg.distributed_type).endswith("MULTI_GPU")
+    assert cfg.num_processes >= 2
+    assert cfg.num_processes % cfg.num_machines == 0
+
+
+@pytest.mark.parametrize("kind", ["FSDP", "DEEPSPEED"])
+def test_sharded_launch_is_refused_in_one_line(monkeypatch: Any, kind: str) -> None:
+    fake = SimpleNamespace(distributed_type=f"DistributedType.{kind}", device=torch.device("cpu"))
+    monkeypatch.setattr(distributed, "PartialState", lambda: fake)
+    with pytest.raises(ConfigError, match=rf"distributed_type {kind} shards the model") as err:
+        distributed.start()
+    assert "\n" not in str(err.value)
+
+
+def test_cpu_launch_without_mpi_is_warned_about(monkeypatch: Any) -> None:
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "True")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert "started 1 process" in (distributed.launch_warning() or "")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert distributed.launch_warning() is None
+
+
+def test_a_batch_smaller_than_the_processes_is_refused(monkeypatch: Any) -> None:
+    monkeypatch.setattr(distributed, "world_size", lambda: 4)
+    with pytest.raises(ConfigError, match="task 'x': batch_size 2 is smaller than the 4"):
+        distributed.check_batch(2, "task 'x'")
