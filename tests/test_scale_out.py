@@ -55,4 +55,4 @@ def test_two_processes_match_one(
     assert state_one.keys() == state_two.keys()
     for name, tensors in state_one.items():
         for key, value in tensors.items():
-            torch.testing.assert_close(state_two[name][key], value, rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(state_two[name][key], value, rtol=1e-3, atol=1e-4)

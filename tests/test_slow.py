@@ -50,16 +50,21 @@ def _raw(model_dir: Path, method: str, mode: str) -> dict[str, Any]:
     )
 
 
+def _untimed(value: Any) -> Any:
+    """A record without timings (and without whether SAE-FD's SAE was trained or reused)."""
+    if isinstance(value, dict):
+        return {
+            k: _untimed(v)
+            for k, v in value.items()
+            if k not in TIMING and "seconds" not in k and k != "sae"
+        }
+    if isinstance(value, list):
+        return [_untimed(v) for v in value]
+    return value
+
+
 def _per_task(data: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per-task records without timings (and without whether the SAE was trained or reused)."""
-    out = []
-    for task in data["per_task"]:
-        kept = {k: v for k, v in task.items() if k not in TIMING}
-        details = kept.get("details", {}).get("sae_fd")
-        if details is not None:
-            kept["details"] = {"sae_fd": {k: v for k, v in details.items() if k != "sae"}}
-        out.append(kept)
-    return out
+    return [_untimed(task) for task in data["per_task"]]
 
 
 @pytest.fixture(scope="module")
