@@ -34,11 +34,8 @@ test: lint browser  ## the fast tier (what CI runs)
 test-slow: setup  ## long end-to-end and fault-injection tests
 	$(VENV)/bin/pytest -q -m slow
 
-bench: setup
-	$(PY) benchmarks/throughput.py
-	$(PY) benchmarks/anchored_overhead.py
-	$(PY) benchmarks/demo_time.py
-	$(PY) benchmarks/demo_time.py --bench
+bench: setup  ## every benchmark (benchmarks/run), then benchmarks/RESULTS.md; BENCH=--quick shrinks it
+	PYTHON=$(PY) benchmarks/run $(BENCH)
 
 clean:
 	rm -rf $(VENV) runs

@@ -47,6 +47,7 @@ from forgetless.methods.seq_ft import SeqFTConfig
 from forgetless.models.tiny import build_char_tokenizer, build_tiny_model
 from forgetless.tasks.builtin import build_builtin_task
 from forgetless.tasks.formatting import Features, collate, encode_example
+from forgetless.training.checkpoint import atomic_write_json
 from forgetless.training.loop import StepLoop, TrainPlan
 from forgetless.training.runner import Runner
 
@@ -271,8 +272,7 @@ def main() -> None:
         "task_cost": task_cost(work, args),
         "runs": runs,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    atomic_write_json(args.out, report)
     print(json.dumps(report, indent=2))
 
 

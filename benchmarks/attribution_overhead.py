@@ -3,8 +3,8 @@
 1. Step: one optimizer step with the update gate active (a map over every weight; the pre-step
    snapshot of the trainable weights, AdamW's step, then ``θ ← lerp(θ_before, θ, 1 − R̄)``)
    against one ``seq_ft`` step, same model, data, batches and optimizer; also the paper's gradient
-   gate (a hook scaling each gradient). Each case runs in a fresh subprocess (peak memory is its
-   own); cases alternate order over ``--repeats``; ratios are of medians.
+   gate (a hook scaling each gradient). Each case runs in a fresh process, forked after the imports
+   (peak memory is its own); cases alternate order over ``--repeats``; ratios are of medians.
 2. Relevance pass: seconds per sample of one LRP forward + backward (all parameters), and the
    bytes of the aggregated map at float16 against float32.
 
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from peak_memory import add_step_args, run_case, timed_steps  # benchmarks/ is on sys.path
+from peak_memory import add_step_args, run_forked, timed_steps  # benchmarks/ is on sys.path
 
 from forgetless.attribution.relevance import sample_relevance
 from forgetless.config.schema import ModelConfig
@@ -64,8 +64,8 @@ def _method(case: str, model: Any) -> Method:
     return method
 
 
-def run_one(case: str, args: argparse.Namespace) -> None:
-    """One case in this (fresh) process; prints one JSON line."""
+def run_one(case: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One case in this (fresh) process: its record."""
     torch.set_flush_denormal(True)
     device = _device()
     tokenizer = build_char_tokenizer()
@@ -85,7 +85,7 @@ def run_one(case: str, args: argparse.Namespace) -> None:
     }
     if case == "update_gate":
         record["relevance"] = _relevance_pass(model, tokenizer, ctx, args.relevance_samples)
-    print(json.dumps(record))
+    return record
 
 
 def _relevance_pass(model: Any, tokenizer: Any, ctx: TaskContext, n: int) -> dict[str, Any]:
@@ -105,26 +105,17 @@ def _relevance_pass(model: Any, tokenizer: Any, ctx: TaskContext, n: int) -> dic
     }
 
 
-def _subprocess(case: str, args: argparse.Namespace) -> dict[str, Any]:
-    flags = ["steps", "warmup", "batch_size", "n_train", "relevance_samples", "threads"]
-    return dict(run_case(__file__, ["--case", case], args, flags))
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     add_step_args(parser, OUT)
     parser.add_argument("--relevance-samples", type=int, default=32)
-    parser.add_argument("--case", choices=CASES, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.case:
-        run_one(args.case, args)
-        return
     runs: dict[str, list[dict[str, Any]]] = {c: [] for c in CASES}
     for repeat in range(args.repeats):
         for case in CASES if repeat % 2 == 0 else CASES[::-1]:
-            runs[case].append(_subprocess(case, args))
+            runs[case].append(run_forked(run_one, case, args))
 
     def median(case: str, key: str) -> float:
         return statistics.median(r[key] for r in runs[case])
@@ -142,7 +133,7 @@ def main() -> None:
     measured = {"update_gate_step_time_ratio": cases["update_gate"]["step_time_ratio"]}
     report = {
         "device": str(_device()),
-        "settings": {k: v for k, v in vars(args).items() if k not in ("case", "out")},
+        "settings": {k: v for k, v in vars(args).items() if k != "out"},
         "cases": cases,
         "relevance": runs["update_gate"][0]["relevance"],
         "targets": TARGETS,

@@ -1,7 +1,7 @@
 """Wall time of the built-in demos, cold (empty cache, so the tiny base is pretrained first) and
 warm (base model cached): ``forgetless run`` (targets: 5 min cold, 2 min warm) and, with
 ``--bench``, the bench demo that ``make demo`` runs (target: 10 min cold).
-Run: ``python benchmarks/demo_time.py [--bench]``.
+Run: ``python benchmarks/demo_time.py [--bench] [--out FILE]``.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from forgetless.training.checkpoint import atomic_write_json
 
 OUT = Path(__file__).parent / "results" / "demo_time.json"
 
@@ -48,8 +50,9 @@ def main() -> None:
             "probe_accuracy": results["probe_accuracy"],
         }
     out = OUT.with_name("demo_bench_time.json") if bench else OUT
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
+    if "--out" in sys.argv[1:]:
+        out = Path(sys.argv[sys.argv.index("--out") + 1])
+    atomic_write_json(out, report)
     print(json.dumps(report, indent=2))
 
 

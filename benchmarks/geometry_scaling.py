@@ -37,9 +37,9 @@ DENSE_MAX = 2048
 RESULTS = Path(__file__).parent / "results" / "geometry_scaling.json"
 
 
-def plan(quick: bool) -> list[dict[str, Any]]:
+def plan(quick: bool, ranks: tuple[int, ...] = RANKS) -> list[dict[str, Any]]:
     """Every case as a dict: op (bw or gcwm), path, width, rank, tasks."""
-    widths, ranks = ((256, 512), (8, 16)) if quick else (WIDTHS, RANKS)
+    widths, ranks = ((256, 512), (8, 16)) if quick else (WIDTHS, ranks)
     dense_max = 512 if quick else DENSE_MAX
     cases = []
     for op in ("bw", "gcwm"):
@@ -156,12 +156,13 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="Small widths, for a smoke run.")
     parser.add_argument("--timeout", type=float, default=600.0, help="Seconds per case.")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--ranks", default=",".join(map(str, RANKS)), help="Update ranks.")
     args = parser.parse_args()
     if args.child:
         print(json.dumps(run_case(json.loads(args.child), args.iterations)))
         return
     rows = []
-    for case in plan(args.quick):
+    for case in plan(args.quick, tuple(int(r) for r in args.ranks.split(","))):
         rows.append(spawn(case, args.iterations, args.timeout))
         print(table(rows[-1:]).splitlines()[-1], flush=True)
     from forgetless.training.checkpoint import atomic_write_json

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +74,34 @@ def run_case(script: str, case_args: list[str], args: argparse.Namespace, flags:
         command += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
+
+
+def run_forked(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` in a forked child (POSIX): a fresh process whose memory peak is its own
+    from the window ``start_window`` opens, without paying the imports again. The parent must
+    not have started a thread pool (fork copies one thread); the result travels as JSON."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child
+        os.close(read)
+        code = 0
+        try:
+            payload = json.dumps({"ok": fn(*args)})
+        except BaseException as err:  # reported to the parent, which raises it
+            payload, code = json.dumps({"error": f"{type(err).__name__}: {err}"}), 1
+        with os.fdopen(write, "w") as out:
+            out.write(payload)
+        os._exit(code)
+    os.close(write)
+    with os.fdopen(read) as src:
+        payload = src.read()
+    os.waitpid(pid, 0)
+    result = json.loads(payload) if payload else {"error": "the child died without a result"}
+    if "error" in result:
+        raise RuntimeError(
+            f"forked case {getattr(fn, '__name__', fn)}{args[:2]}: {result['error']}"
+        )
+    return result["ok"]
 
 
 def timed_steps(loop: Any, features: list[Any], args: argparse.Namespace) -> dict[str, Any]:

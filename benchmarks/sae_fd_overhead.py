@@ -1,12 +1,13 @@
 """Overhead of ``sae_fd`` against SeqLoRA (``seq_ft`` with one carried LoRA adapter), side by side.
 
-1. Step: one optimizer step of sae_fd (task forward + cross-entropy, an anchor batch re-run up to
-   the last MLP, the frozen gated SAE on both, backward, AdamW) against one SeqLoRA step, same
-   model, adapter, data, batches and optimizer, at anchor batches of ¼, ½ and 1 × the task batch.
-   Each case runs in a fresh subprocess (so its peak memory is its own); the cases alternate
-   order over ``--repeats`` and the ratios are of medians. Peak memory is CUDA's allocator peak on
-   a GPU, else the process's peak resident set over the timed steps (``VmHWM`` reset after the
-   warm-up where Linux allows, else ``ru_maxrss``).
+1. Step: one optimizer step of sae_fd (task forward + cross-entropy with the anchor batch folded
+   into the task's forward, the frozen gated SAE on both, backward, AdamW) against one SeqLoRA
+   step, same model, adapter, data, batches and optimizer, at anchor batches of ¼, ½ and 1 × the
+   task batch; at ¼ also ``anchor_forward: separate`` (the anchors re-run up to the last MLP).
+   Each case runs in a fresh process, forked after the imports (so its peak memory is its own);
+   the cases alternate order over ``--repeats`` and the ratios are of medians. Peak memory is
+   CUDA's allocator peak on a GPU, else the process's peak resident set over the timed steps
+   (``VmHWM`` reset after the warm-up where Linux allows, else ``ru_maxrss``).
 2. Storage: bytes per anchor token (float16 MLP outputs + token id) and per task at
    ``--anchor-samples`` anchors, against the same anchors with float32 outputs.
 
@@ -31,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from peak_memory import add_step_args, run_case, timed_steps  # benchmarks/ is on sys.path
+from peak_memory import add_step_args, run_forked, timed_steps  # benchmarks/ is on sys.path
 
 from forgetless.config.demo import SMALL_MODEL
 from forgetless.config.schema import FinetuneConfig, ModelConfig, TinyModelConfig
@@ -44,6 +45,7 @@ from forgetless.sae.gated import GatedSAE, GatedSAEConfig, freeze
 from forgetless.sae.train import input_scale
 from forgetless.tasks.builtin import build_builtin_task
 from forgetless.tasks.formatting import Features, encode_example
+from forgetless.training.checkpoint import atomic_write_json
 from forgetless.training.loop import StepLoop
 
 OUT = Path(__file__).parent / "results" / "sae_fd_overhead.json"
@@ -70,8 +72,8 @@ def _context(model: Any, tokenizer: Any, name: str, n: int, index: int) -> TaskC
     return TaskContext(info, index, task, model, tokenizer, features, [], _device())
 
 
-def run_one(case: str, fraction: float, args: argparse.Namespace) -> None:
-    """One case in this (fresh) process; prints one JSON line."""
+def run_one(case: str, fraction: float, forward: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One case in this (fresh) process: its record."""
     torch.set_flush_denormal(True)
     device = _device()
     tokenizer = build_char_tokenizer()
@@ -84,7 +86,11 @@ def run_one(case: str, fraction: float, args: argparse.Namespace) -> None:
     if case == "sae_fd":
         sae_method = SAEFD(
             SAEFDConfig.model_validate(
-                {"anchor_samples": args.anchor_samples, "anchor_batch_fraction": fraction}
+                {
+                    "anchor_samples": args.anchor_samples,
+                    "anchor_batch_fraction": fraction,
+                    "anchor_forward": forward,
+                }
             )
         )
         storage = sae_method.capture_anchors(_context(model, tokenizer, "cipher", args.n_train, 1))
@@ -102,17 +108,13 @@ def run_one(case: str, fraction: float, args: argparse.Namespace) -> None:
     record = {
         "case": case,
         "fraction": fraction,
+        "anchor_forward": forward,
         "median_step_s": statistics.median(timing["times"]),
         "peak_mb": timing["peak_mb"],
         "memory": timing["memory"],
         **({"storage": storage} if storage else {}),
     }
-    print(json.dumps(record))
-
-
-def _subprocess(case: str, fraction: float, args: argparse.Namespace) -> dict[str, Any]:
-    flags = ["steps", "warmup", "batch_size", "n_train", "anchor_samples", "threads", "preset"]
-    return dict(run_case(__file__, ["--case", case, "--fraction", str(fraction)], args, flags))
+    return record
 
 
 def main() -> None:
@@ -121,20 +123,22 @@ def main() -> None:
     parser.add_argument("--anchor-samples", type=int, default=128, help="N_a per task")
     parser.add_argument("--fractions", default="0.25,0.5,1", help="anchor batch / task batch")
     parser.add_argument("--preset", choices=["tiny", "small"], default="tiny", help="model size")
-    parser.add_argument("--case", choices=["seqlora", "sae_fd"], help=argparse.SUPPRESS)
-    parser.add_argument("--fraction", type=float, default=0.25, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--anchor-forwards",
+        default="fold,separate",
+        help="anchor_forward settings to time (the first is the curve; the rest at ¼ only)",
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.case:
-        run_one(args.case, args.fraction, args)
-        return
     fractions = [float(f) for f in args.fractions.split(",")]
-    cases = [("seqlora", 0.0)] + [("sae_fd", f) for f in fractions]
+    forwards = args.anchor_forwards.split(",")
+    cases = [("seqlora", 0.0, "")] + [("sae_fd", f, forwards[0]) for f in fractions]
+    cases += [("sae_fd", fractions[0], other) for other in forwards[1:]]
     runs: dict[str, list[dict[str, Any]]] = {_name(*c): [] for c in cases}
     for repeat in range(args.repeats):
         for case in cases if repeat % 2 == 0 else cases[::-1]:
-            runs[_name(*case)].append(_subprocess(*case, args))
+            runs[_name(*case)].append(run_forked(run_one, *case, args))
 
     def median(name: str, key: str) -> float:
         return statistics.median(r[key] for r in runs[name])
@@ -143,25 +147,28 @@ def main() -> None:
     curve = [
         {
             "anchor_batch_fraction": f,
+            "anchor_forward": forward,
             "anchor_batch": max(1, round(f * args.batch_size)),
-            "median_step_s": median(_name("sae_fd", f), "median_step_s"),
-            "step_time_ratio": round(median(_name("sae_fd", f), "median_step_s") / base_step, 3),
-            "peak_mb": median(_name("sae_fd", f), "peak_mb"),
-            "peak_memory_ratio": round(median(_name("sae_fd", f), "peak_mb") / base_mem, 3),
+            "median_step_s": median(_name(case, f, forward), "median_step_s"),
+            "step_time_ratio": round(
+                median(_name(case, f, forward), "median_step_s") / base_step, 3
+            ),
+            "peak_mb": median(_name(case, f, forward), "peak_mb"),
+            "peak_memory_ratio": round(median(_name(case, f, forward), "peak_mb") / base_mem, 3),
         }
-        for f in fractions
+        for case, f, forward in cases[1:]
     ]
-    storage = runs[_name("sae_fd", fractions[0])][0]["storage"]
+    storage = runs[_name(*cases[1])][0]["storage"]
     storage["output_bytes_ratio"] = round(_output_bytes_ratio(storage), 3)
     storage["float32_bytes_per_task"] = storage["float32_bytes_per_token"] * storage["tokens"]
-    quarter = next((c for c in curve if c["anchor_batch_fraction"] == 0.25), None)
+    quarter = next((c for c in curve if c["anchor_batch_fraction"] == 0.25), None)  # forwards[0]
     measured = {
         "step_time_ratio_at_quarter": quarter["step_time_ratio"] if quarter else None,
         "anchor_output_bytes_ratio": storage["output_bytes_ratio"],
     }
     report = {
         "device": str(_device()),
-        "settings": {k: v for k, v in vars(args).items() if k not in ("case", "fraction", "out")},
+        "settings": {k: v for k, v in vars(args).items() if k != "out"},
         "memory_measure": runs["seqlora"][0]["memory"],
         "seqlora": {"median_step_s": base_step, "peak_mb": base_mem},
         "sae_fd": curve,
@@ -175,13 +182,12 @@ def main() -> None:
         "paper": PAPER,
         "runs": runs,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    atomic_write_json(args.out, report)
     print(json.dumps({k: report[k] for k in ("seqlora", "sae_fd", "storage", "meets_targets")}))
 
 
-def _name(case: str, fraction: float) -> str:
-    return case if case == "seqlora" else f"sae_fd@{fraction:g}"
+def _name(case: str, fraction: float, forward: str) -> str:
+    return case if case == "seqlora" else f"sae_fd@{fraction:g}/{forward}"
 
 
 def _output_bytes_ratio(storage: dict[str, Any]) -> float:

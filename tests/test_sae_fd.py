@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from pathlib import Path
 from types import SimpleNamespace
@@ -16,7 +17,7 @@ from transformers import AutoModelForCausalLM
 from forgetless.config.loading import validate_config
 from forgetless.config.schema import ModelConfig
 from forgetless.errors import ConfigError
-from forgetless.methods.base import RunInfo, TaskContext
+from forgetless.methods.base import RunInfo, StepContext, TaskContext
 from forgetless.methods.sae_fd import (
     SAEFD,
     SAEFDConfig,
@@ -32,8 +33,9 @@ from forgetless.sae import GatedSAE, GatedSAEConfig, encode, save_sae
 from forgetless.sae.activations import MLPTap, token_outputs
 from forgetless.sae.train import input_scale
 from forgetless.tasks.builtin import build_builtin_task
-from forgetless.tasks.formatting import encode_example
+from forgetless.tasks.formatting import collate, encode_example
 from forgetless.training.checkpoint import load_method_state, save_method_state
+from forgetless.training.loop import causal_lm_loss
 from forgetless.training.runner import Runner
 
 TINY_SAE = {"steps": 20, "n_per_task": 4, "batch_size": 256, "expansion": 4}
@@ -216,6 +218,39 @@ def test_anchor_draws_follow_the_fraction_and_the_seed(tiny_model_dir: Path) -> 
     again.buffer = method.buffer
     assert again._draw(8, step) == first, "the same (run, task, step, micro-batch) draws the same"  # type: ignore[arg-type]
     assert len(method._draw(64, SimpleNamespace(task=task, step=4))) == 16  # type: ignore[arg-type]
+
+
+def test_anchors_folded_into_the_task_batch_give_the_separate_forwards_loss(
+    tiny_model_dir: Path,
+) -> None:
+    """One forward over task + anchor rows = the task forward + a forward on the anchors alone:
+    the same cross-entropy (anchor rows carry no label), the same L_FD and gradient."""
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir))
+    ctx = _context(tiny_model_dir, model)
+    d = model.config.hidden_size
+    sae = GatedSAE(GatedSAEConfig(d_in=d, d_sae=4 * d), seed=0)
+    step = StepContext(task=dataclasses.replace(ctx, task_index=2), step=0, total_steps=1)
+    feats = ctx.train_features[:8]
+    results = {}
+    for forward in ("fold", "separate"):
+        method = SAEFD(SAEFDConfig(anchor_samples=12, anchor_forward=forward))
+        method.capture_anchors(ctx)
+        method.sae = sae
+        handles = method.register_hooks(step.task)
+        batch = collate(method.transform_batch(feats, step), 0)
+        outputs = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+        term = method.loss_terms(batch, outputs, step)["sae_fd"]
+        model.zero_grad()
+        (causal_lm_loss(outputs.logits, batch["labels"]) + term).backward()
+        grad = model.model.layers[0].mlp.up_proj.weight.grad.clone()
+        for handle in handles:
+            handle.remove()
+        results[forward] = (batch["input_ids"].size(0), term.item(), method.lam, grad)
+    (rows_f, fd_f, lam_f, grad_f), (rows_s, fd_s, lam_s, grad_s) = results.values()
+    assert (rows_f, rows_s) == (8 + 2, 8), "a quarter of the batch joins it when folded"
+    assert fd_f == pytest.approx(fd_s, rel=1e-5) and fd_f > 0
+    assert lam_f == pytest.approx(lam_s, rel=1e-6)
+    assert torch.allclose(grad_f, grad_s, rtol=1e-4, atol=1e-7)
 
 
 # --- runs ------------------------------------------------------------------------------------

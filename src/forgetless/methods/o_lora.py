@@ -133,7 +133,10 @@ class OLoRA(Method):
                 "(needs finetune.mode lora, regime per_task)"
             )
         self._new = matrices[current]
-        self._past = [matrices[name] for name in past]
+        # the past adapters are frozen: stacked once per layer, the loss is one product per
+        # layer whatever the number of past tasks (Σ_t ‖A Aₜᵀ‖² = ‖A [A_1; …; A_t]ᵀ‖²)
+        layers = zip(*(matrices[name] for name in past), strict=True)
+        self._past = [[torch.cat([a.detach() for a in layer]) for layer in layers]] if past else []
         self._new_params = [
             p for n, p in ctx.model.named_parameters() if f".{current}." in n and "lora_" in n
         ]

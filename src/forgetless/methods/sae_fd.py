@@ -41,7 +41,8 @@ from forgetless.sae.activations import (
 )
 from forgetless.sae.gated import GatedSAE, encode, load_sae, read_sae_record
 from forgetless.sae.train import SAETrainConfig
-from forgetless.tasks.formatting import collate
+from forgetless.tasks.formatting import IGNORE_INDEX, Features, collate
+from forgetless.training import distributed
 from forgetless.training.loop import causal_lm_loss
 
 AnchorDtype = Literal["float16", "bfloat16", "float32"]
@@ -198,22 +199,27 @@ class AnchorBuffer:
             self._starts = [0, *torch.cumsum(self.lengths.long(), 0).tolist()[:-1]]
         return self._starts
 
+    def as_features(self, rows: list[int]) -> tuple[list[Features], Tensor]:
+        """Anchor samples ``rows`` as training features with no labelled token (they add nothing
+        to a cross-entropy) and their stored outputs ``(tokens, d)``, in the same order."""
+        starts, lengths = self.starts(), self.lengths[rows].tolist()
+        feats: list[Features] = []
+        targets = []
+        for row, n in zip(rows, lengths, strict=True):
+            a = starts[row]
+            feats.append({"input_ids": self.ids[a : a + n].tolist(), "labels": [IGNORE_INDEX] * n})
+            targets.append(self.h[a : a + n])
+        return feats, torch.cat(targets)
+
     def gather(
         self, rows: list[int], pad_id: int, device: torch.device
     ) -> tuple[dict[str, Tensor], Tensor]:
         """A right-padded input batch of anchor samples ``rows`` and their stored outputs
         ``(tokens, d)``, in the order the batch's mask selects them."""
-        starts, lengths = self.starts(), self.lengths[rows].tolist()
-        ids = torch.full((len(rows), max(lengths)), pad_id, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        targets = []
-        for i, (row, n) in enumerate(zip(rows, lengths, strict=True)):
-            a = starts[row]
-            ids[i, :n] = self.ids[a : a + n]
-            mask[i, :n] = 1
-            targets.append(self.h[a : a + n])
-        inputs = {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
-        return inputs, torch.cat(targets).to(device)
+        feats, targets = self.as_features(rows)
+        batch = collate(feats, pad_id)
+        inputs = {k: batch[k].to(device) for k in ("input_ids", "attention_mask")}
+        return inputs, targets.to(device)
 
     def state(self) -> dict[str, Tensor]:
         return {"ids": self.ids, "h": self.h, "lengths": self.lengths, "tasks": self.tasks}
@@ -297,6 +303,13 @@ class SAEFDConfig(MethodConfig):
         default_factory=SAETrainConfig,  # type: ignore[arg-type]
         description="How that SAE is trained (expansion, λ_sparse, steps, data).",
     )
+    anchor_forward: Literal["fold", "separate"] = Field(
+        "fold",
+        description="fold: the step's anchor samples join the task micro-batch (no labelled "
+        "token, so the cross-entropy is unchanged) and one forward pass serves both; separate: "
+        "a second forward on the anchors that stops at the last MLP, cheaper when the LM head "
+        "dominates a step (very large vocabularies). The loss is the same either way.",
+    )
     seed: int = Field(0, description="Seed of the anchor choice and draws (with the run's).")
 
 
@@ -313,9 +326,11 @@ class SAEFD(Method):
       the trained model's per-token MLP outputs on them (``anchor_dtype``, float16 by default)
       join a buffer kept across tasks.
     - **Distillation**: each step draws ``anchor_batch_fraction`` × the micro-batch anchor samples
-      uniformly from the buffer (cost independent of the number of past tasks), re-runs the current
-      model on them up to the last MLP (the hook stops the forward there) and adds
-      ``λ·L_FD``, ``L_FD = L_cos + L_mag``, as the loss term ``sae_fd``.
+      uniformly from the buffer (cost independent of the number of past tasks), runs the current
+      model on them (by default appended to the micro-batch without labels, so the task's forward
+      pass gives their last-MLP outputs too; ``anchor_forward: separate`` re-runs the model on
+      them up to the last MLP instead) and adds ``λ·L_FD``, ``L_FD = L_cos + L_mag``, as the loss
+      term ``sae_fd``.
     - ``f_pre`` is the magnitude path's pre-activation ``π_mag``: it is the path that carries
       feature magnitudes and is untouched by the L1 penalty (which shapes ``π_gate``), and it
       shares ``π_gate``'s directions. ``L_cos`` compares current and anchor ``π_mag`` vectors over
@@ -335,6 +350,7 @@ class SAEFD(Method):
     config_cls = SAEFDConfig
     capabilities = frozenset(
         {
+            Capability.BATCH_TRANSFORM,
             Capability.ACTIVATION_HOOKS,
             Capability.LOSS_TERMS,
             Capability.TASK_END,
@@ -353,8 +369,21 @@ class SAEFD(Method):
         self.trace: dict[str, list[float]] = _empty_trace()
         self._step_key: tuple[int, int] | None = None
         self._micro = 0
+        self._folded: tuple[int, Tensor] | None = None
+        """(task rows, anchor targets) of the micro-batch ``transform_batch`` extended."""
 
     # --- hooks ---
+
+    def transform_batch(self, features: list[Features], ctx: StepContext) -> list[Features]:
+        """Append the micro-batch's anchor samples (``anchor_forward: fold``), and have the tap
+        record the last MLP's output of the forward pass that follows."""
+        self._folded = None
+        if not len(self.buffer) or not self._folds():
+            return features
+        anchors, targets = self.buffer.as_features(self._draw(len(features), ctx))
+        self._folded = (len(features), targets)
+        self.tap.recording = True
+        return [*features, *anchors]
 
     def register_hooks(self, ctx: TaskContext) -> list[torch.utils.hooks.RemovableHandle]:
         self.trace = _empty_trace()
@@ -366,18 +395,18 @@ class SAEFD(Method):
     def loss_terms(self, batch: Batch, outputs: Any, ctx: StepContext) -> dict[str, Tensor]:
         if not len(self.buffer):
             return {"sae_fd": outputs.logits.new_zeros((), dtype=torch.float32)}
-        task = ctx.task
-        rows = self._draw(batch["input_ids"].size(0), ctx)
-        inputs, h_anchor = self.buffer.gather(rows, task.tokenizer.pad_token_id, task.device)
-        h = token_outputs(self.tap, task.model, inputs)
+        n, h, h_anchor = self._anchor_outputs(batch, ctx)
         if self.sae is not None and h.size(-1) != self.sae.d_in:
             raise ConfigError(
                 f"sae_fd: the SAE encodes d={self.sae.d_in}, the model's MLP outputs d={h.size(-1)}"
             )
         parts = feature_distillation(self.sae, h, h_anchor, self.cfg.terms, self.cfg.space)
         with torch.no_grad():
-            task_loss_t = causal_lm_loss(outputs.logits, batch["labels"])
+            task_loss_t = causal_lm_loss(outputs.logits[:n], batch["labels"][:n])
             logged = torch.stack([parts.total.detach(), parts.l_cos, parts.l_mag, task_loss_t])
+        # Every process draws the same anchors (their terms agree everywhere); the task loss
+        # is a token mean of this process's slice: weighted by the shares, all are global.
+        logged = distributed.weighted_sum(logged, ctx.batch_share)
         fd, l_cos, l_mag, task_loss = logged.float().tolist()  # one device sync
         if self.cfg.adaptive:
             c = self.cfg
@@ -412,12 +441,16 @@ class SAEFD(Method):
         state: MethodState = {"lam": self.lam}
         if len(self.buffer):
             state["anchors"] = self.buffer.state()
+        if self.trace["lambda"]:  # the task's per-step record, for a resume inside the task
+            state["trace"] = {k: list(v) for k, v in self.trace.items()}
         return state
 
     def load_state_dict(self, state: MethodState) -> None:
         self.lam = float(state.get("lam", self.cfg.lam))
         anchors = state.get("anchors")
         self.buffer = AnchorBuffer.from_state(anchors) if anchors else AnchorBuffer()
+        trace = state.get("trace")
+        self.trace = {k: list(v) for k, v in trace.items()} if trace else _empty_trace()
 
     # --- parts ---
 
@@ -468,6 +501,25 @@ class SAEFD(Method):
             "dtype": self.cfg.anchor_dtype,
         }
 
+    def _anchor_outputs(self, batch: Batch, ctx: StepContext) -> tuple[int, Tensor, Tensor]:
+        """The task rows of ``batch``, the current model's last-MLP outputs on this micro-batch's
+        anchor tokens ``(tokens, d)`` and their stored targets (on the device)."""
+        task = ctx.task
+        if not self._folds():
+            rows = self._draw(ctx.global_batch_size or batch["input_ids"].size(0), ctx)
+            inputs, h_anchor = self.buffer.gather(rows, task.tokenizer.pad_token_id, task.device)
+            return batch["input_ids"].size(0), token_outputs(self.tap, task.model, inputs), h_anchor
+        if self._folded is None:
+            raise RuntimeError("sae_fd: loss_terms on a micro-batch transform_batch did not extend")
+        (n, targets), self._folded = self._folded, None
+        h = self.tap.take()[n:][batch["attention_mask"][n:].bool()]
+        return n, h, targets.to(task.device)
+
+    def _folds(self) -> bool:
+        """Fold the anchors into the task batch? Not over several processes: the loop splits
+        the batch between them, while every process must see the whole anchor batch."""
+        return self.cfg.anchor_forward == "fold" and distributed.world_size() == 1
+
     def _draw(self, batch_size: int, ctx: StepContext) -> list[int]:
         key = (ctx.task.task_index, ctx.step)
         self._micro = self._micro + 1 if key == self._step_key else 0  # grad-accum micro-batches
@@ -500,8 +552,10 @@ class SAEFD(Method):
             fingerprint = model_fingerprint(base, ctx.tokenizer)
             folder = shared_sae_dir(fingerprint, self.cfg.sae, ctx.run.max_length)
         loader = ctx.run.load_base if base is None else (lambda: base)
-        got: TrainedSAE = ensure_sae(
-            folder, loader, ctx.tokenizer, self.cfg.sae, ctx.run.max_length, ctx.device
+        got: TrainedSAE = distributed.main_first(
+            lambda: ensure_sae(
+                folder, loader, ctx.tokenizer, self.cfg.sae, ctx.run.max_length, ctx.device
+            )
         )
         self.sae_info = {"path": str(got.folder), "trained": got.trained, **_summary(got.record)}
         return got.sae

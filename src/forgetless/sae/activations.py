@@ -48,17 +48,27 @@ class StopForward(Exception):
 class MLPTap:
     """A forward hook on the last MLP. Idle unless armed by ``run``, which keeps the MLP output
     (with its graph, when gradients are on) and stops the forward pass right there, so the final
-    norm, the LM head and the logits are never computed for it."""
+    norm, the LM head and the logits are never computed for it. With ``recording`` set it keeps
+    the output of the next full forward instead (read it with ``take``), without stopping it."""
 
     def __init__(self) -> None:
         self.armed = False
+        self.recording = False
         self.output: Tensor | None = None
 
     def __call__(self, module: nn.Module, args: Any, output: Any) -> None:
-        if not self.armed:
+        if not (self.armed or self.recording):
             return
         self.output = output[0] if isinstance(output, tuple) else output
-        raise StopForward
+        if self.armed:
+            raise StopForward
+
+    def take(self) -> Tensor:
+        """The recorded output of the last forward (``recording``); stops recording."""
+        out, self.output, self.recording = self.output, None, False
+        if out is None:
+            raise RuntimeError("the MLP hook recorded nothing: is it registered on this model?")
+        return out
 
     def register(self, model: nn.Module) -> RemovableHandle:
         return last_mlp(model).register_forward_hook(self)

@@ -1,0 +1,292 @@
+"""Shared by ``method_steps.py`` and ``task_growth.py``: a registered method's training steps on
+the demo's tiny model, after past tasks whose state was built cheaply.
+
+Each past task goes through the method's life cycle as the runner calls it (task start, activation
+hooks, training through the step loop or the method's own stage, end of task; no evaluation) for a
+few steps (``--state-steps``): a method's state (EWC's Fisher and anchor, replay's memory, SAE-FD's
+anchors, attribution's map, O-LoRA's frozen adapters, the merging methods' updates) has its full
+size whatever the number of steps that produced it. Two stand-ins keep that cheap, neither of which
+changes a step's cost: SAE-FD's SAE is a randomly initialised gated SAE of the trained one's shape
+(D = 8·d), and an attribution map left empty (a few steps answer no sample correctly, so no sample
+counts) is filled with uniform random relevance, as ``attribution_overhead.py`` does.
+
+Then the next task is timed: a step-loop method by ``peak_memory.timed_steps`` (warm-up, then each
+step); a method with its own training stage (``train_stage``) by its whole ``train_task`` over the
+plan's steps, its "step" being the median of the steps it runs through the loop other than a
+reference model's (Anchored Learning's SFT reference) and ``task_s_per_step`` its whole stage
+(reference, caches and merges included) over the plan's steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from peak_memory import peak_mb, start_window, timed_steps  # benchmarks/ is on sys.path
+
+from forgetless.config.schema import FinetuneConfig, ModelConfig
+from forgetless.methods.base import (
+    Capability,
+    Method,
+    RunInfo,
+    Stage,
+    TaskContext,
+    TaskEndContext,
+    create_method,
+    registered_methods,
+    trainable_parameters,
+)
+from forgetless.models.adapters import Finetuner
+from forgetless.models.tiny import build_char_tokenizer, build_tiny_model
+from forgetless.tasks.builtin import build_builtin_task
+from forgetless.tasks.formatting import Features, encode_example
+from forgetless.training.loop import StepLoop, TrainPlan, TrainStats
+
+TASKS = ("reverse", "cipher", "bracket", "sort", "count", "wordprob", "copy", "upper", "add")
+"""Built-in tasks in sequence order: up to 8 past tasks and the timed one."""
+EXCLUDED = {"rl": "its RL stage runs TRL's GRPOTrainer (generation), not the step loop"}
+OVERRIDES: dict[str, dict[str, Any]] = {
+    "o_lora": {"_regime": "per_task"},
+    "anchored": {"_inner": True},
+}
+"""Per-method settings: ``_regime`` the LoRA regime it needs; ``_inner`` an Anchored Learning
+inner budget of plan steps / T (the matched compute of ``anchored_overhead.py``)."""
+
+
+def methods() -> list[str]:
+    """Every registered method the harness times (all but ``EXCLUDED``), seq_ft first."""
+    import forgetless.methods  # noqa: F401  (registers the built-ins)
+
+    names = sorted(set(registered_methods()) - set(EXCLUDED) - {"seq_ft"})
+    return ["seq_ft", *names]
+
+
+def supports(name: str, mode: str) -> bool:
+    """Whether ``name`` runs in fine-tuning ``mode`` (full or lora)."""
+    return mode == "lora" or registered_methods()[name].lora_regimes is None
+
+
+def add_harness_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--state-steps", type=int, default=3, help="steps per past task")
+    parser.add_argument("--past-n-train", type=int, default=128, help="examples per past task")
+
+
+@dataclass
+class Bench:
+    """One method's run in this process: the model, the method and the tasks done so far."""
+
+    name: str
+    mode: str
+    args: argparse.Namespace
+    work: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="forgetless-hb-")))
+    done: int = 0
+
+    def __post_init__(self) -> None:
+        torch.set_flush_denormal(True)
+        warnings.simplefilter("ignore")  # the experimental corner warns on import
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.tokenizer = build_char_tokenizer()
+        own = dict(OVERRIDES.get(self.name, {}))
+        regime, inner = own.pop("_regime", "carry"), own.pop("_inner", False)
+        if inner:
+            cls = registered_methods()[self.name].config_cls
+            outer = cls.model_fields["outer_iterations"].default
+            own["inner_steps"] = max(1, self.args.steps // outer)
+        cfg = registered_methods()[self.name].config_cls.model_validate(own)
+        self.method: Method = create_method(cfg)
+        self.regime = regime if self.mode == "lora" else None
+        finetune = {"mode": self.mode, "lora": {"regime": regime}}
+        self.finetuner = Finetuner(self._base(), FinetuneConfig.model_validate(finetune))
+        self.sequence = [
+            build_builtin_task(t, n_train=self.args.n_train, n_eval=4, seed=0) for t in TASKS
+        ]
+
+    def _base(self) -> torch.nn.Module:
+        return build_tiny_model(ModelConfig().tiny, len(self.tokenizer), seed=0).to(self.device)
+
+    def _context(self, index: int, n_train: int) -> TaskContext:
+        task = self.sequence[index - 1]
+        info = RunInfo(
+            0, self.work, list(TASKS), [], self.mode, lora_regime=self.regime, load_base=self._base
+        )
+        feats = [encode_example(self.tokenizer, e, 64) for e in task.train[:n_train]]
+        return TaskContext(
+            info,
+            index,
+            task,
+            self.finetuner.model,
+            self.tokenizer,
+            feats,
+            self.sequence[: index - 1],
+            self.device,
+            sequence=self.sequence[:2],
+        )
+
+    def _start(self, index: int, n_train: int) -> tuple[TaskContext, list[Any]]:
+        self.finetuner.begin_task(index)
+        self.finetuner.model.to(self.device)
+        ctx = self._context(index, n_train)
+        if self.method.uses(Capability.TASK_START):
+            self.method.on_task_start(ctx)
+        self._stand_ins(ctx)
+        hooks = self.method.uses(Capability.ACTIVATION_HOOKS)
+        return ctx, self.method.register_hooks(ctx) if hooks else []
+
+    def _end(self, ctx: TaskContext, handles: list[Any], stats: TrainStats) -> None:
+        for handle in handles:
+            handle.remove()
+        self.finetuner.end_task()
+        ctx.model = self.finetuner.model
+        if self.method.uses(Capability.TASK_END):
+            self.method.on_task_end(TaskEndContext(ctx, {}, stats))
+        self.done = ctx.task_index
+
+    def _stand_ins(self, ctx: TaskContext) -> None:
+        """SAE-FD's random SAE; a random attribution map where the past tasks left none."""
+        method: Any = self.method
+        if self.name == "sae_fd" and method.sae is None:
+            from forgetless.sae.gated import GatedSAE, GatedSAEConfig, freeze
+
+            d = int(ctx.model.config.hidden_size)
+            method.sae = freeze(GatedSAE(GatedSAEConfig(d_in=d, d_sae=8 * d), seed=0)).to(
+                self.device
+            )
+        if self.name == "attribution_gate" and self.done and not method.importance:
+            gen = torch.Generator().manual_seed(0)
+            method.importance = {
+                n: torch.rand(p.shape, generator=gen).half()
+                for n, p in trainable_parameters(ctx.model).items()
+            }
+
+    def _plan(self, steps: int, seed: int) -> TrainPlan:
+        return TrainPlan(steps=steps, batch_size=self.args.batch_size, lr=1e-3, seed=seed)
+
+    def _stage(self, ctx: TaskContext, plan: TrainPlan, inner: list[float]) -> TrainStats:
+        """The method's own stage, with the runner's ``sft`` closure; step times into ``inner``."""
+        loop = StepLoop(ctx.model, self.method, ctx, self.tokenizer.pad_token_id)
+
+        def sft(
+            features: list[Features] | None = None,
+            loss_fn: Any = None,
+            steps: int | None = None,
+            lr: float | None = None,
+            label: str = "train",
+            model: torch.nn.Module | None = None,
+        ) -> TrainStats:
+            sub = TrainPlan(**{**plan.__dict__, "steps": steps or plan.steps, "lr": lr or plan.lr})
+            runner = loop if model is None else StepLoop(model, self.method, ctx, loop.pad_id)
+            stamps: list[float] = []
+            runner.on_step = lambda name, terms: stamps.append(time.perf_counter())
+            start = time.perf_counter()
+            stats = runner.run(
+                features if features is not None else ctx.train_features, sub, loss_fn, label
+            )
+            if label != "reference":
+                inner.extend(b - a for a, b in zip([start, *stamps[:-1]], stamps, strict=True))
+            return stats
+
+        return self.method.train_task(Stage(ctx=ctx, sft=sft, out_dir=self.work, plan=plan))
+
+    def past_task(self) -> None:
+        """One more past task, ``--state-steps`` steps long."""
+        index = self.done + 1
+        ctx, handles = self._start(index, self.args.past_n_train)
+        plan = self._plan(self.args.state_steps, seed=index)
+        try:
+            if self.method.uses(Capability.TRAIN_STAGE):
+                stats = self._stage(ctx, plan, [])
+            else:
+                stats = StepLoop(ctx.model, self.method, ctx, self.tokenizer.pad_token_id).run(
+                    ctx.train_features, plan
+                )
+        except Exception:
+            for handle in handles:
+                handle.remove()
+            raise
+        self._end(ctx, handles, stats)
+
+    def timed_task(self) -> dict[str, Any]:
+        """The next task, timed; it then counts as a past task (its end-of-task work is done)."""
+        index = self.done + 1
+        ctx, handles = self._start(index, self.args.n_train)
+        if self.method.uses(Capability.TRAIN_STAGE):
+            inner: list[float] = []
+            hwm = start_window(self.device)
+            start = time.perf_counter()
+            stats = self._stage(ctx, self._plan(self.args.steps, seed=1), inner)
+            seconds = time.perf_counter() - start
+            peak, measure = peak_mb(self.device, hwm)
+            times = inner or [seconds / max(1, self.args.steps)]
+        else:
+            loop = StepLoop(ctx.model, self.method, ctx, self.tokenizer.pad_token_id)
+            timing = timed_steps(loop, ctx.train_features, self.args)
+            times, peak, measure = timing["times"], timing["peak_mb"], timing["memory"]
+            seconds, stats = sum(times), TrainStats(steps=len(times))
+        self._end(ctx, handles, stats)
+        return {
+            "task_index": index,
+            "past_tasks": index - 1,
+            "step_s": statistics.median(times),
+            "task_s_per_step": seconds / self.args.steps,
+            "timed_steps": len(times),
+            "peak_mb": peak,
+            "memory": measure,
+            "state_bytes": state_bytes(self.method.state_dict()),
+        }
+
+
+def state_bytes(state: Any) -> int:
+    """Bytes of the tensors in a method's state (nested dicts and lists walked)."""
+    if isinstance(state, torch.Tensor):
+        return state.numel() * state.element_size()
+    if isinstance(state, dict):
+        return sum(state_bytes(v) for v in state.values())
+    if isinstance(state, list | tuple):
+        return sum(state_bytes(v) for v in state)
+    return 0
+
+
+def measure(
+    name: str, mode: str, args: argparse.Namespace, points: list[int]
+) -> list[dict[str, Any]]:
+    """Time the task after each number of past tasks in ``points`` (increasing), in one process.
+
+    A joint-training method (``mtl``) trains only on the first task: it is timed there alone."""
+    bench = Bench(name, mode, args)
+    try:
+        if getattr(bench.method, "joint_training", False):
+            return [bench.timed_task()]
+        rows = []
+        for past in points:
+            while bench.done < past:
+                bench.past_task()
+            rows.append(bench.timed_task())
+        return rows
+    finally:
+        shutil.rmtree(bench.work, ignore_errors=True)
+
+
+def median_of(rows: list[dict[str, Any]], key: str) -> float:
+    return statistics.median(float(r[key]) for r in rows)
+
+
+def alternated(
+    cases: list[tuple[str, str]], repeats: int, run: Callable[[str, str], list[dict[str, Any]]]
+) -> dict[tuple[str, str], list[list[dict[str, Any]]]]:
+    """``run(name, mode)`` for every case, ``repeats`` times, the order reversed every other
+    repeat (so that a drift of the machine's load does not favour a case); the rows by case."""
+    out: dict[tuple[str, str], list[list[dict[str, Any]]]] = {c: [] for c in cases}
+    for repeat in range(repeats):
+        for case in cases if repeat % 2 == 0 else cases[::-1]:
+            out[case].append(run(*case))
+            print(f"  {case[0]} ({case[1]}) repeat {repeat + 1}/{repeats}", flush=True)
+    return out

@@ -1,0 +1,301 @@
+"""``benchmarks/RESULTS.md`` from the reports ``run_all.py`` collected: the targets first, then
+one table per benchmark. Pure formatting: every figure is read from a report of this run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+Report = dict[str, Any]
+
+
+def _x(value: float | None, digits: int = 2) -> str:
+    return "–" if value is None else f"{value:.{digits}f}×"
+
+
+def _report(summary: Report, name: str) -> Report | None:
+    section = summary["sections"].get(name) or {}
+    report: Report | None = section.get("report")
+    return report
+
+
+def _find(rows: list[Report], **match: Any) -> Report | None:
+    return next((r for r in rows if all(r.get(k) == v for k, v in match.items())), None)
+
+
+def targets(summary: Report) -> list[dict[str, Any]]:
+    """Each target of issues 4–7 and 11: what, measured, target, met (None: not measured)."""
+    out: list[dict[str, Any]] = []
+
+    def add(what: str, value: float | None, target: float, below: bool, shown: str) -> None:
+        met = None if value is None else (value <= target if below else value >= target)
+        sign = "≤" if below else "≥"
+        out.append(
+            {
+                "what": what,
+                "value": value,
+                "shown": shown,
+                "target": f"{sign} {target:g}",
+                "met": met,
+            }
+        )
+
+    anchored = _report(summary, "anchored_overhead")
+    if anchored:
+        step = anchored["step"]
+        add(
+            "`anchored` inner step / `seq_ft` step",
+            step["step_time_ratio"],
+            1.2,
+            True,
+            _x(step["step_time_ratio"], 3),
+        )
+        add(
+            "`anchored` peak memory / `seq_ft`",
+            step["peak_memory_ratio"],
+            1.3,
+            True,
+            _x(step["peak_memory_ratio"], 3),
+        )
+    sae = _report(summary, "sae_fd_overhead")
+    if sae:
+        quarter = sae["measured"]["step_time_ratio_at_quarter"]
+        add("`sae_fd` step / SeqLoRA step, anchor batch ¼", quarter, 1.4, True, _x(quarter, 3))
+        ratio = sae["storage"]["output_bytes_ratio"]
+        add("`sae_fd` anchor MLP-output bytes / float32's", ratio, 0.5, True, f"{ratio:.2f}")
+    attribution = _report(summary, "attribution_overhead")
+    if attribution:
+        gate = attribution["cases"]["update_gate"]["step_time_ratio"]
+        add("`attribution_gate` step / `seq_ft` step", gate, 1.1, True, _x(gate, 3))
+    throughput = _report(summary, "throughput")
+    if throughput:
+        ratio = throughput["ratio_of_medians"]
+        add("step loop throughput / plain HF `Trainer`", ratio, 0.95, False, _x(ratio, 3))
+    for name, key, limit, what in (
+        ("demo_bench_time", "cold_seconds", 600, "bench demo (`make demo`) cold wall time, s"),
+        ("demo_time", "cold_seconds", 300, "single-run demo cold wall time, s"),
+        ("demo_time", "warm_seconds", 120, "single-run demo wall time, base cached, s"),
+    ):
+        report = _report(summary, name)
+        if report:
+            add(what, report[key], limit, True, f"{report[key]:.0f} s")
+    growth = _report(summary, "task_growth")
+    if growth:
+        unexplained = [r["method"] for r in growth["rows"] if r["grows"] and "why" not in r]
+        out.append(
+            {
+                "what": "methods whose step cost grows with past tasks (2 → 8) without a reason",
+                "value": len(unexplained),
+                "shown": ", ".join(unexplained) or "none",
+                "target": "none",
+                "met": not unexplained,
+            }
+        )
+    return out
+
+
+def _targets_md(rows: list[dict[str, Any]]) -> list[str]:
+    lines = ["| what | measured | target | met |", "|---|---|---|---|"]
+    for r in rows:
+        met = "–" if r["met"] is None else ("yes" if r["met"] else "**no**")
+        lines.append(f"| {r['what']} | {r['shown']} | {r['target']} | {met} |")
+    return lines
+
+
+def _methods_md(report: Report) -> list[str]:
+    rows = report["rows"]
+    names = list(dict.fromkeys(r["method"] for r in rows))
+    lines = [
+        "| method | full: step | full: task | full: peak | LoRA: step | LoRA: task | LoRA: peak |"
+        " state after 1 task |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name in names:
+        cells = []
+        state = 0
+        for mode in ("full", "lora"):
+            row = _find(rows, method=name, mode=mode)
+            if row is None:
+                cells += ["n/a"] * 3
+                continue
+            state = max(state, row["state_bytes"])
+            cells += [_x(row["step_ratio"]), _x(row["task_ratio"]), _x(row["peak_ratio"])]
+        lines.append(f"| `{name}` | " + " | ".join(cells) + f" | {_bytes(state)} |")
+    return lines
+
+
+def _bytes(n: int) -> str:
+    if n == 0:
+        return "0"
+    for unit, size in (("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n} B"
+
+
+def _growth_md(report: Report) -> list[str]:
+    rows = report["rows"]
+    if not rows:
+        return []
+    tasks = [p["tasks"] for p in rows[0]["points"]]
+    head = " | ".join(f"step at {t} tasks" for t in tasks[1:])
+    lines = [
+        f"| method | {head} | whole stage at {tasks[-1]} tasks | state at {tasks[-1]} tasks |"
+        " grows | why |",
+        "|---|" + "---|" * (len(tasks) + 3),
+    ]
+    for r in rows:
+        pts = r["points"]
+        cells = " | ".join(_x(p["step_growth"]) for p in pts[1:])
+        grows = "step" if r["grows"] else ("stage" if r["task_grows"] else "no")
+        lines.append(
+            f"| `{r['method']}` ({r['mode']}) | {cells} | {_x(pts[-1]['task_growth'])} | "
+            f"{_bytes(pts[-1]['state_bytes'])} | {grows} | {r.get('why', '')} |"
+        )
+    return lines
+
+
+def _storage_md(summary: Report) -> list[str]:
+    lines = ["| what | measured |", "|---|---|"]
+    anchored = _report(summary, "anchored_overhead")
+    if anchored:
+        c = anchored["cache"]
+        lines.append(
+            f"| `anchored` cache per completion token (top-k {c['top_k']} of {c['vocab_size']})"
+            f" | {c['bytes_per_token']} B ({c['bytes'] / 1e6:.2f} MB for {c['tokens']} tokens) |"
+        )
+        lines.append(
+            f"| `anchored` whole task (reference SFT + caches + inner steps) / `seq_ft` task | "
+            f"{_x(anchored['task_cost']['time_ratio'])} |"
+        )
+    sae = _report(summary, "sae_fd_overhead")
+    if sae:
+        s = sae["storage"]
+        lines.append(
+            f"| `sae_fd` anchors per token ({s['dtype']}, d = {s['d']}) / per task "
+            f"({s['samples']} samples) | {s['bytes_per_token']} B (float32: "
+            f"{s['float32_bytes_per_token']} B) / {s['bytes'] / 1e6:.2f} MB |"
+        )
+        curve = ", ".join(
+            f"{c['anchor_batch_fraction']:g} {c['anchor_forward']}: {_x(c['step_time_ratio'])} "
+            f"time, {_x(c['peak_memory_ratio'])} memory"
+            for c in sae["sae_fd"]
+        )
+        lines.append(f"| `sae_fd` step / SeqLoRA by anchor batch fraction | {curve} |")
+    attribution = _report(summary, "attribution_overhead")
+    if attribution:
+        rel = attribution["relevance"]
+        grad = attribution["cases"]["gradient_gate"]["step_time_ratio"]
+        lines.append(
+            f"| `attribution_gate` relevance pass per sample / map bytes per parameter | "
+            f"{rel['seconds_per_sample'] * 1e3:.1f} ms / "
+            f"{rel['map_bytes_float16'] / rel['parameters']:.0f} B (float16) |"
+        )
+        lines.append(f"| `attribution_gate` gradient-gate step / `seq_ft` step | {_x(grad, 3)} |")
+    return lines
+
+
+def _geometry_md(report: Report) -> list[str]:
+    rows = [r for r in report["rows"] if "error" not in r]
+    lines = [
+        "| op | width | rank | tasks | low-rank s | low-rank peak MiB | dense s | dense peak MiB |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    keys = list(dict.fromkeys((r["op"], r["width"], r["rank"], r["tasks"]) for r in rows))
+    for op, width, rank, tasks in keys:
+        low = _find(rows, op=op, width=width, rank=rank, tasks=tasks, path="lowrank")
+        dense = _find(rows, op=op, width=width, rank=rank, tasks=tasks, path="dense")
+
+        def cells(r: Report | None) -> str:
+            return "– | –" if r is None else f"{r['seconds']:.3f} | {r['peak_mb']:.0f}"
+
+        lines.append(f"| {op} | {width} | {rank} | {tasks} | {cells(low)} | {cells(dense)} |")
+    failed = [r for r in report["rows"] if "error" in r]
+    lines += [f"\n{r['op']} {r['path']} d {r['width']} r {r['rank']}: {r['error']}" for r in failed]
+    return lines
+
+
+def _circuits_md(report: Report) -> list[str]:
+    lines = [
+        "| prompts | effects: passes batched / loop | loop ÷ batched | loop ÷ chunks of 8 |"
+        " DBM step: loop passes | loop ÷ DBM |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in report["rows"]:
+        e, d = r["effects"], r["dbm_step"]
+        lines.append(
+            f"| {r['prompts']} | {e['batched_forward_passes']} / {e['loop_forward_passes']} | "
+            f"{_x(e['loop_over_batched'])} | {_x(e['loop_over_chunk8'])} | "
+            f"{d['loop_forward_passes']} | {_x(d['loop_over_batched'])} |"
+        )
+    return lines
+
+
+def _took(summary: Report) -> str:
+    if not summary.get("render_only"):
+        return f"in {summary['wall_seconds']:.0f} s"
+    times = sorted(s["written"] for s in summary["sections"].values() if "written" in s)
+    span = f"reports written {times[0]} to {times[-1]}, " if times else ""
+    return f"({span}table rebuilt with --render-only)"
+
+
+def render(summary: Report) -> tuple[str, dict[str, Any]]:
+    """The Markdown page and the figures it shows (for ``RESULTS.json``)."""
+    m = summary["machine"]
+    rows = targets(summary)
+    out = [
+        "# Benchmark results",
+        "",
+        f"Measured {summary['date']} with `{summary['command']}` {_took(summary)}"
+        f" on {m['cpu']} ({m['cores']} cores, {m['device']}, {m['torch_threads']} torch thread(s)),"
+        f" Python {m['python']}, torch {m['torch']}. Ratios are of medians measured side by side"
+        " in one run; reports: `benchmarks/results/*.json`.",
+        "",
+        "## Targets",
+        "",
+        *_targets_md(rows),
+    ]
+    sections = [
+        (
+            "method_steps",
+            "## Every method against `seq_ft` (second task, after one past task)",
+            "step: median training step; task: the whole task's training (a method's own stage "
+            "included) per plan step; peak: the process's peak memory over the task.",
+            _methods_md,
+        ),
+        (
+            "task_growth",
+            "## Step cost against the number of past tasks",
+            "Median step at the 2nd, 4th and 8th task over the same method's at the 2nd, in one "
+            "process; `seq_ft` is the drift control.",
+            _growth_md,
+        ),
+        (
+            "geometry_scaling",
+            "## Geometry conflict (BW²) and GCWM merge: low-rank vs dense",
+            "",
+            _geometry_md,
+        ),
+        (
+            "circuits_speed",
+            "## Head effects and DBM: batched vs one head at a time",
+            "",
+            _circuits_md,
+        ),
+    ]
+    out += ["", "## Sizes and passes", "", *_storage_md(summary)]
+    for name, title, note, fn in sections:
+        report = _report(summary, name)
+        if report:
+            out += ["", title, "", *([note, ""] if note else []), *fn(report)]
+    skipped = [n for n, s in summary["sections"].items() if "skipped" in s or "error" in s]
+    if skipped:
+        out += [
+            "",
+            "Not run or failed: "
+            + ", ".join(
+                f"{n} ({summary['sections'][n].get('skipped') or summary['sections'][n]['error']})"
+                for n in skipped
+            ),
+        ]
+    figures = {"targets": rows}
+    return "\n".join(out) + "\n", figures

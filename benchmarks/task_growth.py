@@ -1,0 +1,128 @@
+"""How each method's step cost grows with the number of past tasks: the 2nd, 4th and 8th task.
+
+One process per method and repeat (forked after the imports): the method's state is built over
+past tasks of a few steps each (``method_harness``), and the steps of the next task are timed
+after 1, 3 and 7 past tasks (``--points``), in that order in the same process (the timed task
+then joins the past). Full fine-tuning, O-LoRA with its ``per_task`` adapters. The methods
+alternate order over ``--repeats``; a row's growth is its median step (and whole stage per step)
+at P past tasks over its own at the first point, and ``seq_ft``'s, which keeps no state, is the
+control for drift within a process. ``grows`` marks a row whose step growth at the last point
+exceeds the control's by more than ``--tolerance``; ``why`` says which algorithm needs it.
+
+Run: ``python benchmarks/task_growth.py [--steps 30] [--repeats 2]``; the report goes to
+``benchmarks/results/task_growth.json``. Quick check: ``python benchmarks/task_growth.py --steps 2
+--warmup 1 --repeats 1 --n-train 32 --methods seq_ft,replay --points 1,2 --out /tmp/tg.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import torch
+from method_harness import (  # benchmarks/ is on sys.path
+    EXCLUDED,
+    add_harness_args,
+    alternated,
+    measure,
+    median_of,
+    methods,
+    supports,
+)
+from peak_memory import add_step_args, run_forked
+
+from forgetless.training.checkpoint import atomic_write_json
+
+OUT = Path(__file__).parent / "results" / "task_growth.json"
+WHY = {
+    "o_lora": "O-LoRA's loss is orthogonality to every past adapter, and the past adapters stay "
+    "active in the forward pass (the evaluated model is their sum): both grow with the tasks",
+    "ties": "TIES keeps every task's update and re-merges all of them at each task's end "
+    "(trim, elect, disjoint mean over Δ_1..Δ_t): the merge, not the step, grows",
+    "gcwm": "the barycenter is taken over every active task's update geometry at each task's "
+    "end: the merge, not the step, grows",
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_step_args(parser, OUT)
+    add_harness_args(parser)
+    parser.add_argument("--methods", default="all", help="comma-separated, or all")
+    parser.add_argument("--points", default="1,3,7", help="past tasks before each timed task")
+    parser.add_argument("--tolerance", type=float, default=0.15)
+    parser.set_defaults(steps=30, repeats=2)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    points = [int(p) for p in args.points.split(",")]
+    names = methods() if args.methods == "all" else ["seq_ft", *args.methods.split(",")]
+    cases = [(n, "full" if supports(n, "full") else "lora") for n in dict.fromkeys(names)]
+
+    def run(name: str, mode: str) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = run_forked(measure, name, mode, args, points)
+        return rows
+
+    runs = alternated(cases, args.repeats, run)
+    rows = [row for case, rs in runs.items() if (row := growth(case, rs, runs, args)) is not None]
+    report = {
+        "device": "cuda" if torch.cuda.is_available() else "cpu",
+        "settings": {k: v for k, v in vars(args).items() if k != "out"},
+        "excluded": {**EXCLUDED, "mtl": "joint training on the first task: no past tasks"},
+        "rows": rows,
+        "runs": {f"{n}/{m}": rs for (n, m), rs in runs.items()},
+    }
+    atomic_write_json(args.out, report)
+    for row in rows:
+        steps = " ".join(f"{p['tasks']}:x{p['step_growth']:.2f}" for p in row["points"])
+        print(f"{row['method']:17s} {row['mode']:4s} step {steps} grows={row['grows']}")
+    print(f"report: {args.out}")
+
+
+def growth(
+    case: tuple[str, str],
+    repeats: list[list[dict[str, Any]]],
+    runs: dict[tuple[str, str], list[list[dict[str, Any]]]],
+    args: argparse.Namespace,
+) -> dict[str, Any] | None:
+    """One method's growth curve (None for a method timed on its first task only)."""
+    if len(repeats[0]) < 2:
+        return None
+
+    def at(rs: list[list[dict[str, Any]]], i: int, key: str) -> float:
+        return median_of([r[i] for r in rs], key)
+
+    control = runs[("seq_ft", "full")]
+    points = []
+    for i, first in enumerate(repeats[0]):
+        step = at(repeats, i, "step_s") / at(repeats, 0, "step_s")
+        task = at(repeats, i, "task_s_per_step") / at(repeats, 0, "task_s_per_step")
+        points.append(
+            {
+                "tasks": first["task_index"],
+                "past_tasks": first["past_tasks"],
+                "step_s": at(repeats, i, "step_s"),
+                "step_growth": round(step, 3),
+                "task_growth": round(task, 3),
+                "control_step_growth": round(
+                    at(control, i, "step_s") / at(control, 0, "step_s"), 3
+                ),
+                "state_bytes": first["state_bytes"],
+            }
+        )
+    last = points[-1]
+    grows = last["step_growth"] > last["control_step_growth"] * (1 + args.tolerance)
+    name = case[0]
+    return {
+        "method": name,
+        "mode": case[1],
+        "points": points,
+        "grows": grows,
+        "task_grows": last["task_growth"] > last["control_step_growth"] * (1 + args.tolerance),
+        **({"why": WHY[name]} if name in WHY else {}),
+    }
+
+
+if __name__ == "__main__":
+    main()
