@@ -1,0 +1,123 @@
+"""How closely 2 processes (2 × batch b/2, gloo) reproduce 1 process (batch b), per method.
+
+For each method: the same two-task config on a tiny saved model, run by ``forgetless run`` and by
+``accelerate launch --multi_gpu --num_processes 2 -m forgetless run``; reports the largest relative
+difference of the per-step losses and the largest absolute difference of the final checkpoint's
+tensors (weights or adapters, and method state).
+Run: ``python benchmarks/scale_out_agreement.py [--methods seq_ft,ewc] [--steps 4]``; the table
+goes to ``benchmarks/results/scale_out_agreement.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+from safetensors.torch import load_file
+
+from forgetless.models.tiny import build_char_tokenizer, build_tiny_model
+from forgetless.training.checkpoint import atomic_write_json
+
+OUT = Path(__file__).parent / "results" / "scale_out_agreement.json"
+METHODS = {
+    "seq_ft": ({"name": "seq_ft"}, "full"),
+    "ewc": ({"name": "ewc", "lam": 1e4, "fisher_samples": 8, "fisher_batch_size": 4}, "full"),
+    "replay": ({"name": "replay", "buffer_size": 16, "ratio": 0.5}, "full"),
+    "attribution_gate": ({"name": "attribution_gate", "max_samples": 4}, "full"),
+    "anchored": (
+        {"name": "anchored", "outer_iterations": 2, "inner_steps": 2, "top_k": 8},
+        "full",
+    ),
+    "sae_fd": (
+        {"name": "sae_fd", "sae_cache": "run", "sae": {"steps": 20, "n_per_task": 4}},
+        "lora",
+    ),
+}
+
+
+def _model(folder: Path) -> Path:
+    from forgetless.config.schema import TinyModelConfig
+
+    tokenizer = build_char_tokenizer()
+    tiny = TinyModelConfig(
+        hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64
+    )
+    build_tiny_model(tiny, len(tokenizer), seed=0).save_pretrained(str(folder))
+    tokenizer.save_pretrained(str(folder))
+    return folder
+
+
+def _run(config: Path, out: Path, processes: int) -> None:
+    args = ["run", str(config), "--out", str(out), "--quiet"]
+    launch = [Path(sys.executable).with_name("accelerate"), "launch", "--multi_gpu"]
+    launch += ["--num_processes", str(processes), "--num_machines", "1"]
+    launch += ["--mixed_precision", "no", "--dynamo_backend", "no", "-m", "forgetless"]
+    command = launch + args if processes > 1 else [sys.executable, "-m", "forgetless", *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run([str(c) for c in command], check=True, env=env, capture_output=True)
+
+
+def _compare(one: Path, two: Path) -> dict[str, Any]:
+    losses = [
+        [t["losses"] for t in json.loads((d / "results.json").read_text())["per_task"]]
+        for d in (one, two)
+    ]
+    rel = max(
+        abs(a - b) / max(abs(a), 1e-12)
+        for ta, tb in zip(*losses, strict=True)
+        for a, b in zip(ta, tb, strict=True)
+    )
+    last = sorted((one / "checkpoints").glob("task-*"))[-1].name
+    worst = 0.0
+    for path in (one / "checkpoints" / last).rglob("*.safetensors"):
+        mine = load_file(str(path))
+        theirs = load_file(
+            str(two / "checkpoints" / last / path.relative_to(one / "checkpoints" / last))
+        )
+        for key, tensor in mine.items():
+            if tensor.is_floating_point() and tensor.numel():
+                worst = max(worst, float((tensor.double() - theirs[key].double()).abs().max()))
+    steps = sum(len(t) for t in losses[0])
+    return {"steps": steps, "max_rel_loss_diff": rel, "max_abs_state_diff": worst}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args()
+    rows = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        root = Path(scratch)
+        model = _model(root / "model")
+        for name in args.methods.split(","):
+            method, mode = METHODS[name]
+            raw = {
+                "seed": 0,
+                "model": {"name_or_path": str(model)},
+                "method": method,
+                "finetune": {"mode": mode, "lora": {"r": 2}},
+                "train": {"steps": args.steps, "batch_size": 8, "lr": 1e-3, "max_length": 32},
+                "eval": {"n_eval": 8, "n_train": 32, "batch_size": 8, "kl_examples": 4},
+                "tasks": ["reverse", "cipher"],
+                "probes": ["copy"],
+            }
+            config = root / f"{name}.yaml"
+            config.write_text(yaml.safe_dump(raw), encoding="utf-8")
+            for processes in (1, 2):
+                _run(config, root / f"{name}-{processes}", processes)
+            rows[name] = _compare(root / f"{name}-1", root / f"{name}-2")
+            print(name, rows[name], flush=True)
+    atomic_write_json(args.out, {"batch_size": 8, "processes": [1, 2], "methods": rows})
+
+
+if __name__ == "__main__":
+    main()
