@@ -414,4 +414,5 @@ def _total(
         loss_terms=terms,
         peak_memory_mb=peak_memory_mb(),
         details=details,
+        losses=[*(ref.losses if ref else []), *(x for s in inner for x in s.losses)],
     )
