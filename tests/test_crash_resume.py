@@ -5,12 +5,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
+import pytest
 import torch
 from cli_runs import assert_whole, cli, final_state, killed_at, results, write_config
 from conftest import tiny_run_config
 
+from forgetless.errors import CheckpointError
+from forgetless.methods import create_method
+from forgetless.methods.seq_ft import SeqFTConfig
 from forgetless.training.loop import batches
+from forgetless.training.step_checkpoint import LoopProgress, StepCheckpointer
 
 
 def test_sigkill_mid_step_resumes_from_the_step_checkpoint(
@@ -44,3 +50,34 @@ def test_skipped_batches_replay_the_data_order() -> None:
     for skip in (0, 1, 3, 4, 7):
         resumed = batches(features, 3, seed=7, skip=skip)  # type: ignore[arg-type]
         assert [next(resumed) for _ in range(8 - skip)] == drawn[skip:]
+
+
+def _loop_objects(width: int) -> tuple[torch.nn.Module, torch.optim.Optimizer, Any]:
+    model = torch.nn.Sequential(torch.nn.Linear(3, width), torch.nn.Linear(width, 2))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model(torch.randn(4, 3)).sum().backward()
+    optimizer.step()
+    return model, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+
+
+def test_step_checkpoint_round_trips_and_refuses_another_model(tmp_path: Path) -> None:
+    method = create_method(SeqFTConfig(name="seq_ft"))
+    saver = StepCheckpointer(tmp_path / "step", 2, method, {"steps": 4})
+    model, optimizer, scheduler = _loop_objects(5)
+    saver.save(model, optimizer, scheduler, LoopProgress(step=2, losses=[1.0, 0.5]))
+    expected = torch.rand(3)
+
+    again, opt_again, sched_again = _loop_objects(5)
+    done = saver.resume(again, opt_again, sched_again)
+    assert done is not None and done.step == 2 and done.losses == [1.0, 0.5]
+    assert all(
+        torch.equal(a, b) for a, b in zip(model.parameters(), again.parameters(), strict=True)
+    )
+    state, state_again = optimizer.state_dict()["state"], opt_again.state_dict()["state"]
+    assert all(torch.equal(state[i]["exp_avg_sq"], state_again[i]["exp_avg_sq"]) for i in state)
+    assert torch.equal(torch.rand(3), expected)  # the RNG is where it was at the save
+
+    other = StepCheckpointer(tmp_path / "step", 2, method, {"steps": 5})
+    assert other.resume(*_loop_objects(5)) is None  # another plan: not resumed
+    with pytest.raises(CheckpointError, match=r"step_state\.safetensors: tensor '0\.weight' has"):
+        saver.resume(*_loop_objects(7))
