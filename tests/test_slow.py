@@ -36,7 +36,8 @@ FAULTS = [
     ("sae_fd", "lora", "step", STEPS + 4),  # λ's EMA and the anchors restored mid-task
     ("sae_fd", "lora", "task_end", 1),  # during task 1's anchor capture
     ("attribution_gate", "full", "task_end", 1),  # during task 1's importance map
-    ("anchored", "full", "step", 9),  # inside the stage (its task restarts)
+    ("anchored", "full", "step", 3),  # inside the reference's SFT: resume from its step 2
+    ("anchored", "full", "step", 9),  # inner loop of outer iteration 2: earlier calls replayed
     ("task_arithmetic", "full", "merge", 2),  # after task 2's merge, before it is saved
 ]
 TIMING = {"train_seconds", "steps_per_second", "tokens_per_second", "peak_memory_mb"}

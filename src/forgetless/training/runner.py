@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import random
 import shutil
 from collections.abc import Callable
@@ -413,12 +414,11 @@ class Runner:
             self.tracker.log_step,
             on_skip,
         )
+        folder = step_checkpoint_dir(self.out_dir, ctx.task_index, ctx.task.name)
         if not method.uses(Capability.TRAIN_STAGE):
-            every = self.cfg.train.checkpoint_every
-            if every is not None:
-                folder = step_checkpoint_dir(self.out_dir, ctx.task_index, ctx.task.name)
-                loop.checkpointer = StepCheckpointer(folder, every, method, plan_fingerprint(plan))
+            loop.checkpointer = self._checkpointer(folder, method, plan)
             return loop.run(ctx.train_features, plan)
+        calls = itertools.count(1)
 
         def sft(
             features: list[Features] | None = None,
@@ -429,11 +429,26 @@ class Runner:
             model: nn.Module | None = None,
         ) -> TrainStats:
             sub = TrainPlan(**{**plan.__dict__, "steps": steps or plan.steps, "lr": lr or plan.lr})
-            runner = loop if model is None else dataclasses.replace(loop, model=model)
+            # Each call of the stage has its own step checkpoints: a re-run replays the calls
+            # that finished (their last checkpoint restores the weights they trained) and
+            # resumes the one that was cut.
+            saver = self._checkpointer(folder / f"call-{next(calls):02d}", method, sub)
+            trained = model if model is not None else loop.model
+            runner = dataclasses.replace(loop, model=trained, checkpointer=saver)
             data = features if features is not None else ctx.train_features
             return runner.run(data, sub, loss_fn, label)
 
         return method.train_task(Stage(ctx=ctx, sft=sft, out_dir=self.out_dir, plan=plan))
+
+    def _checkpointer(
+        self, folder: Path, method: Method, plan: TrainPlan
+    ) -> StepCheckpointer | None:
+        every = self.cfg.train.checkpoint_every
+        return (
+            None
+            if every is None
+            else StepCheckpointer(folder, every, method, plan_fingerprint(plan))
+        )
 
     def _report_task(self, index: int, stats: TrainStats, results: Results) -> None:
         row = results.accuracy[-1]
