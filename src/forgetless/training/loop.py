@@ -271,7 +271,9 @@ class StepLoop:
     def _loss(
         self, batch: Batch, sctx: StepContext, loss_fn: LossFn | None
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        outputs = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+        outputs = self.model(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False
+        )
         if loss_fn is not None:
             task_loss = loss_fn(batch, outputs, sctx)
         elif self.method.uses(Capability.REPLACE_LOSS):
