@@ -236,15 +236,18 @@ class StepLoop:
             batch = {k: v.to(self.ctx.device) for k, v in collate(feats, self.pad_id).items()}
             sctx.batch_share, global_tokens = self._share(batch)
             total, terms = self._loss(batch, sctx, loss_fn)
-            scale = sctx.batch_share / plan.grad_accum if distributed.world_size() > 1 else None
-            (total * scale if scale is not None else total / plan.grad_accum).backward()
+            scaled = total / plan.grad_accum
+            if distributed.world_size() > 1:  # this process's share of the global token mean
+                scaled = scaled * sctx.batch_share
+            scaled.backward()
             tokens += global_tokens
             for name, value in terms.items():
                 total_value += value / plan.grad_accum
                 logged[name] = logged.get(name, 0.0) + value / plan.grad_accum
-        distributed.sum_gradients(self._trainable())
+        params = self._trainable()
+        distributed.sum_gradients(params)
         limit = plan.max_grad_norm if plan.max_grad_norm is not None else math.inf
-        norm = nn.utils.clip_grad_norm_(self._trainable(), limit)
+        norm = nn.utils.clip_grad_norm_(params, limit)
         if not math.isfinite(float(norm)):
             raise NonFiniteError(self.ctx.task.name, sctx.step, "grad_norm", float(norm))
         pre_step = self._snapshot() if self.method.uses(Capability.UPDATE_GATE) else None

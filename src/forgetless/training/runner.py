@@ -156,7 +156,6 @@ class Runner:
         self.source = resolve_source(source or cfg.model.name_or_path or "")
         model, self.tokenizer = load_model_and_tokenizer(cfg.model, self.source)
         model.to(self.device)  # type: ignore[arg-type]
-        self.tasks_for_cleanup = tasks
         results = self._prepare_out_dir(tasks, probes)
         distributed.barrier()
         self.tasks, self.probes = tasks, probes
@@ -192,7 +191,7 @@ class Runner:
         atomic_write_text(config_path, dump_config(self.cfg))
         if results_path.is_file():
             results = Results.read(results_path)
-            self._remove_stale(results.completed_tasks)
+            self._remove_stale(tasks[: results.completed_tasks])
             results.config = resolved
             if results.completed_tasks:
                 self.console.print(f"Resuming after task {results.completed_tasks} of {len(tasks)}")
@@ -201,12 +200,12 @@ class Runner:
             config=resolved, tasks=[t.name for t in tasks], probes=probe_names(self.cfg.probes)
         )
 
-    def _remove_stale(self, completed: int) -> None:
+    def _remove_stale(self, finished: list[Task]) -> None:
         """Temp files of a killed write, and step checkpoints of tasks that have finished."""
         if not distributed.is_main_process():
             return
         remove_stale_temps(self.out_dir)
-        for index, task in enumerate(self.tasks_for_cleanup[:completed], start=1):
+        for index, task in enumerate(finished, start=1):
             stale = step_checkpoint_dir(self.out_dir, index, task.name)
             if stale.is_dir():
                 shutil.rmtree(stale)
