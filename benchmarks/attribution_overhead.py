@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from peak_memory import add_step_args, run_forked, timed_steps  # benchmarks/ is on sys.path
 
-from forgetless.attribution.relevance import sample_relevance
+from forgetless.attribution.relevance import relevance_session
 from forgetless.config.schema import ModelConfig
 from forgetless.methods.attribution_gate import AttributionGate, AttributionGateConfig
 from forgetless.methods.base import Method, RunInfo, TaskContext, create_method
@@ -91,9 +91,9 @@ def run_one(case: str, args: argparse.Namespace) -> dict[str, Any]:
 def _relevance_pass(model: Any, tokenizer: Any, ctx: TaskContext, n: int) -> dict[str, Any]:
     feats = ctx.train_features[:n]
     start = time.perf_counter()
-    for feat in feats:
-        batch = {k: v.to(ctx.device) for k, v in collate([feat], tokenizer.pad_token_id).items()}
-        sample_relevance(model, batch)
+    with relevance_session(model) as score:
+        for feat in feats:
+            score({k: v.to(ctx.device) for k, v in collate([feat], tokenizer.pad_token_id).items()})
     seconds = (time.perf_counter() - start) / len(feats)
     params = sum(p.numel() for p in model.parameters())
     return {

@@ -218,6 +218,7 @@ class Bench:
         """The next task, timed; it then counts as a past task (its end-of-task work is done)."""
         index = self.done + 1
         ctx, handles = self._start(index, self.args.n_train)
+        counter = TokenCounter(ctx.model)
         if self.method.uses(Capability.TRAIN_STAGE):
             inner: list[float] = []
             hwm = start_window(self.device)
@@ -231,6 +232,7 @@ class Bench:
             timing = timed_steps(loop, ctx.train_features, self.args)
             times, peak, measure = timing["times"], timing["peak_mb"], timing["memory"]
             seconds, stats = sum(times), TrainStats(steps=len(times))
+        tokens = counter.close()
         self._end(ctx, handles, stats)
         return {
             "task_index": index,
@@ -241,7 +243,29 @@ class Bench:
             "peak_mb": peak,
             "memory": measure,
             "state_bytes": state_bytes(self.method.state_dict()),
+            "tokens_per_forward": tokens,
         }
+
+
+class TokenCounter:
+    """Padded tokens per training forward of ``model`` (grad-enabled calls only) while open: a
+    step's cost follows its batch's padded width, which methods that draw past tasks' samples
+    (replay's memory, SAE-FD's anchors) change with those tasks' lengths."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.tokens = self.calls = 0
+        self.handle = model.register_forward_pre_hook(self._count, with_kwargs=True)
+
+    def _count(self, _: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if torch.is_grad_enabled() and isinstance(ids, torch.Tensor):
+            self.tokens += ids.numel()
+            self.calls += 1
+
+    def close(self) -> float:
+        """Stop counting; the mean padded tokens per counted forward."""
+        self.handle.remove()
+        return self.tokens / max(1, self.calls)
 
 
 def state_bytes(state: Any) -> int:
@@ -255,13 +279,43 @@ def state_bytes(state: Any) -> int:
     return 0
 
 
+class Control:
+    """A stateless ``seq_ft`` model beside the measured one, in the same process: its steps on
+    the timed task's data, just before and just after that task, tell what a step of that task
+    costs in this process at that moment, whatever the method. The tasks' lengths differ, and a
+    process's steps slow down as it ages (the same kernels, called as often, take longer after
+    several tasks), so growth is read as the method's step over this control's at each point."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.bench = Bench("seq_ft", "full", args)
+        self.args = argparse.Namespace(**{**vars(args), "steps": args.control_steps})
+        self.ctx, _ = self.bench._start(1, args.past_n_train)
+        pad = self.bench.tokenizer.pad_token_id
+        self.loop = StepLoop(self.ctx.model, self.bench.method, self.ctx, pad)
+
+    def step_times(self, index: int) -> tuple[list[float], float]:
+        """``--warmup`` then ``--control-steps`` steps on task ``index``'s data: their times and
+        the padded tokens per forward."""
+        task, tokenizer = self.bench.sequence[index - 1], self.bench.tokenizer
+        feats = [encode_example(tokenizer, e, 64) for e in task.train[: self.args.n_train]]
+        counter = TokenCounter(self.ctx.model)
+        times: list[float] = timed_steps(self.loop, feats, self.args)["times"]
+        return times, counter.close()
+
+    def close(self) -> None:
+        shutil.rmtree(self.bench.work, ignore_errors=True)
+
+
 def measure(
-    name: str, mode: str, args: argparse.Namespace, points: list[int]
+    name: str, mode: str, args: argparse.Namespace, points: list[int], control: bool = False
 ) -> list[dict[str, Any]]:
-    """Time the task after each number of past tasks in ``points`` (increasing), in one process.
+    """Time the task after each number of past tasks in ``points`` (increasing), in one process;
+    with ``control``, each row also has ``control_step_s``: the median step of a ``Control``
+    timed around the task.
 
     A joint-training method (``mtl``) trains only on the first task: it is timed there alone."""
     bench = Bench(name, mode, args)
+    beside = Control(args) if control else None
     try:
         if getattr(bench.method, "joint_training", False):
             return [bench.timed_task()]
@@ -269,10 +323,19 @@ def measure(
         for past in points:
             while bench.done < past:
                 bench.past_task()
-            rows.append(bench.timed_task())
+            index = bench.done + 1
+            before = beside.step_times(index)[0] if beside else []
+            row = bench.timed_task()
+            if beside:
+                after, tokens = beside.step_times(index)
+                row["control_step_s"] = statistics.median(before + after)
+                row["control_tokens_per_forward"] = tokens
+            rows.append(row)
         return rows
     finally:
         shutil.rmtree(bench.work, ignore_errors=True)
+        if beside:
+            beside.close()
 
 
 def median_of(rows: list[dict[str, Any]], key: str) -> float:

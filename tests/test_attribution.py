@@ -23,7 +23,12 @@ from forgetless.attribution.importance import (
     random_jaccard,
     top_set,
 )
-from forgetless.attribution.relevance import RelevanceError, lrp_mode, sample_relevance
+from forgetless.attribution.relevance import (
+    RelevanceError,
+    lrp_mode,
+    relevance_session,
+    sample_relevance,
+)
 from forgetless.attribution.rules import (
     identity_rmsnorm,
     identity_silu,
@@ -155,6 +160,27 @@ def test_parameter_relevance_is_finite_and_nontrivial_for_every_block(arch: str)
             assert torch.isfinite(rel).all(), kind
             assert rel.abs().sum() > 0, kind
     assert all(p.grad is None for p in model.parameters())
+
+
+def test_a_session_scores_like_one_call_per_sample_and_skips_wrong_backwards() -> None:
+    model = _tiny("qwen2").train()
+    batches = [_batch(length=n) for n in (9, 12, 15)]
+    single = [sample_relevance(model, b) for b in batches]
+    right = {**batches[0], "labels": batches[0]["labels"].clone()}
+    where = right["labels"][:, 1:] != -100
+    with torch.no_grad():
+        predicted = model(input_ids=right["input_ids"]).logits[:, :-1].argmax(-1)
+    right["labels"][:, 1:][where] = predicted[where]  # greedy decoding reproduces these labels
+    with relevance_session(model) as score:
+        shared = [score(b) for b in batches]
+        skipped = [score(b, correct_only=True) for b in [*batches, right]]
+    for one, many in zip(single, shared, strict=True):
+        assert one.correct == many.correct and one.relevance.keys() == many.relevance.keys()
+        assert all(torch.allclose(one.relevance[n], many.relevance[n]) for n in one.relevance)
+    assert [r.correct for r in skipped] == [False, False, False, True]
+    assert [bool(r.relevance) for r in skipped] == [False, False, False, True]
+    assert model.training and all(p.grad is None for p in model.parameters())
+    assert "forward" not in model.model.layers[0].mlp.__dict__
 
 
 def test_lora_relevance_covers_frozen_weights_and_both_factors() -> None:

@@ -10,7 +10,7 @@ from the predicted next-token logit at each completion position (Liu et al. 2026
 from __future__ import annotations
 
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -144,30 +144,46 @@ def sample_relevance(
     ``batch`` holds one example (``input_ids``, ``attention_mask``, ``labels``). The example is
     correct when the argmax at every completion position is the reference token, which is
     exactly when greedy decoding reproduces the completion. ``names`` limits the parameters kept.
+    For many examples, ``relevance_session`` sets the model up once.
     """
-    if batch["input_ids"].shape[0] != 1:
-        raise ValueError("sample_relevance takes one example at a time")
+    with relevance_session(model, names) as score:
+        return score(batch)
+
+
+Scorer = Callable[..., SampleRelevance]
+
+
+@contextmanager
+def relevance_session(model: nn.Module, names: set[str] | None = None) -> Iterator[Scorer]:
+    """Set ``model`` up for relevance once (eval mode, every parameter requiring grad, the LRP
+    rules) and yield ``score(batch, correct_only=False)``, ``sample_relevance`` for one example
+    of ``batch``. With ``correct_only``, a wrong example skips the backward pass and comes back
+    with no relevance (callers that keep only correct samples pay one forward for it)."""
     was_training = model.training
     model.eval()
+    kept = [(n, p) for n, p in model.named_parameters() if names is None or n in names]
+
+    def score(batch: dict[str, torch.Tensor], correct_only: bool = False) -> SampleRelevance:
+        if batch["input_ids"].shape[0] != 1:
+            raise ValueError("sample_relevance takes one example at a time")
+        model.zero_grad(set_to_none=True)
+        logits = model(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False
+        ).logits
+        where = target_positions(batch["labels"])
+        picked = logits[where]
+        predicted = picked.argmax(-1)
+        correct = bool((predicted == batch["labels"][:, 1:][where[:, :-1]]).all())
+        if correct_only and not correct:
+            return SampleRelevance(False, {})
+        picked.gather(-1, predicted[:, None]).sum().backward()
+        relevance = {n: (p.detach() * p.grad).float() for n, p in kept if p.grad is not None}
+        model.zero_grad(set_to_none=True)
+        return SampleRelevance(correct, relevance)
+
     try:
         with _all_parameters_require_grad(model), lrp_mode(model), torch.enable_grad():
-            model.zero_grad(set_to_none=True)
-            logits = model(
-                input_ids=batch["input_ids"],
-                attention_mask=batch["attention_mask"],
-                use_cache=False,
-            ).logits
-            where = target_positions(batch["labels"])
-            picked = logits[where]
-            predicted = picked.argmax(-1)
-            correct = bool((predicted == batch["labels"][:, 1:][where[:, :-1]]).all())
-            picked.gather(-1, predicted[:, None]).sum().backward()
-            relevance = {
-                n: (p.detach() * p.grad).float()
-                for n, p in model.named_parameters()
-                if p.grad is not None and (names is None or n in names)
-            }
-            model.zero_grad(set_to_none=True)
+            yield score
     finally:
+        model.zero_grad(set_to_none=True)
         model.train(was_training)
-    return SampleRelevance(correct, relevance)

@@ -28,7 +28,7 @@ from forgetless.attribution.importance import (
     random_jaccard,
     top_set,
 )
-from forgetless.attribution.relevance import sample_relevance
+from forgetless.attribution.relevance import relevance_session
 from forgetless.config.loading import validate_config
 from forgetless.config.schema import RunConfig
 from forgetless.errors import ForgetlessError
@@ -108,11 +108,12 @@ def task_map(
     feats = [encode_example(tokenizer, e, cfg.train.max_length) for e in examples]
     correct, every = MapAccumulator(top, True), MapAccumulator(top, True)
     start = time.perf_counter()
-    for feat in feats:
-        result = sample_relevance(model, collate([feat], tokenizer.pad_token_id))
-        every.add(result.relevance)
-        if result.correct:
-            correct.add(result.relevance)
+    with relevance_session(model) as score:
+        for feat in feats:
+            result = score(collate([feat], tokenizer.pad_token_id))
+            every.add(result.relevance)
+            if result.correct:
+                correct.add(result.relevance)
     seconds = (time.perf_counter() - start) / max(1, len(feats))
     chosen = correct if correct.count else every
     maps = chosen.mean()

@@ -16,7 +16,7 @@ from forgetless.attribution.importance import (
     historical_max,
     keep_factor,
 )
-from forgetless.attribution.relevance import sample_relevance
+from forgetless.attribution.relevance import relevance_session
 from forgetless.methods.base import (
     Capability,
     Method,
@@ -117,12 +117,12 @@ class AttributionGate(Method):
         gen = torch.Generator().manual_seed(task.run.seed * 1000 + task.task_index)
         order = torch.randperm(len(task.train_features), generator=gen)[: self.cfg.max_samples]
         start = time.perf_counter()
-        for i in order.tolist():
-            batch = collate([task.train_features[i]], task.tokenizer.pad_token_id)
-            batch = {k: v.to(task.device) for k, v in batch.items()}
-            result = sample_relevance(task.model, batch, names)
-            if result.correct:
-                accumulator.add(result.relevance)
+        with relevance_session(task.model, names) as score:
+            for i in order.tolist():
+                batch = collate([task.train_features[i]], task.tokenizer.pad_token_id)
+                result = score({k: v.to(task.device) for k, v in batch.items()}, correct_only=True)
+                if result.correct:
+                    accumulator.add(result.relevance)
         seconds = time.perf_counter() - start
         dtype = MAP_DTYPES[self.cfg.map_dtype]
         new = {n: m.to(dtype).cpu() for n, m in accumulator.mean().items()}
