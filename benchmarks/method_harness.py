@@ -113,19 +113,22 @@ class Bench:
     def _base(self) -> torch.nn.Module:
         return build_tiny_model(ModelConfig().tiny, len(self.tokenizer), seed=0).to(self.device)
 
-    def _context(self, index: int, n_train: int) -> TaskContext:
+    def features(self, index: int, n_train: int) -> list[Features]:
+        """The first ``n_train`` training examples of task ``index`` (1-based), encoded."""
         task = self.sequence[index - 1]
+        return [encode_example(self.tokenizer, e, 64) for e in task.train[:n_train]]
+
+    def _context(self, index: int, n_train: int) -> TaskContext:
         info = RunInfo(
             0, self.work, list(TASKS), [], self.mode, lora_regime=self.regime, load_base=self._base
         )
-        feats = [encode_example(self.tokenizer, e, 64) for e in task.train[:n_train]]
         return TaskContext(
             info,
             index,
-            task,
+            self.sequence[index - 1],
             self.finetuner.model,
             self.tokenizer,
-            feats,
+            self.features(index, n_train),
             self.sequence[: index - 1],
             self.device,
             sequence=self.sequence[:2],
@@ -296,8 +299,7 @@ class Control:
     def step_times(self, index: int) -> tuple[list[float], float]:
         """``--warmup`` then ``--control-steps`` steps on task ``index``'s data: their times and
         the padded tokens per forward."""
-        task, tokenizer = self.bench.sequence[index - 1], self.bench.tokenizer
-        feats = [encode_example(tokenizer, e, 64) for e in task.train[: self.args.n_train]]
+        feats = self.bench.features(index, self.args.n_train)
         counter = TokenCounter(self.ctx.model)
         times: list[float] = timed_steps(self.loop, feats, self.args)["times"]
         return times, counter.close()

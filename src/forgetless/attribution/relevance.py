@@ -10,10 +10,10 @@ from the predicted next-token logit at each completion position (Liu et al. 2026
 from __future__ import annotations
 
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -150,7 +150,12 @@ def sample_relevance(
         return score(batch)
 
 
-Scorer = Callable[..., SampleRelevance]
+class Scorer(Protocol):
+    """``sample_relevance`` for one example, the model already set up (``relevance_session``)."""
+
+    def __call__(
+        self, batch: dict[str, torch.Tensor], correct_only: bool = False
+    ) -> SampleRelevance: ...
 
 
 @contextmanager
