@@ -27,3 +27,9 @@ class CheckpointError(ForgetlessError):
 
 class TrainingError(ForgetlessError):
     """Training cannot go on (e.g. a non-finite loss)."""
+
+
+class EnvironmentFault(ForgetlessError):
+    """The machine, not the input, is at fault (disk full, permissions, a busy output folder)."""
+
+    exit_code = 1

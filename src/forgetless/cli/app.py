@@ -1,4 +1,5 @@
-"""forgetless: train a task sequence, measure forgetting."""
+"""forgetless: train a task sequence, measure forgetting. Add --debug to any command to see a
+traceback instead of a one-line error."""
 
 from __future__ import annotations
 
@@ -215,26 +216,60 @@ def report(folder: Annotated[Path, typer.Argument(help="A run or bench output fo
     console.print(f"wrote {md_path} and {html_path}")
 
 
-def main() -> None:
-    try:
-        app(standalone_mode=False)
-    except ForgetlessError as err:
-        err_console.print(f"error: {err}", markup=False, highlight=False, soft_wrap=True)
-        sys.exit(err.exit_code)
-    except KeyboardInterrupt:
-        err_console.print("interrupted")
-        sys.exit(130)
-    except typer.Exit as exit_:
-        sys.exit(exit_.exit_code)
-    except Exception as err:
-        import click
+def _is_click_error(err: BaseException) -> bool:
+    """typer vendors click, so its exceptions are matched by class name, not by import."""
+    return any(c.__name__ == "ClickException" for c in type(err).__mro__)
 
-        if isinstance(err, click.exceptions.ClickException):
-            err.show()
-            sys.exit(err.exit_code)
-        if isinstance(err, click.exceptions.Abort):
-            sys.exit(1)
-        raise
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _fail(message: str, code: int) -> int:
+    err_console.print(_one_line(message), markup=False, highlight=False, soft_wrap=True)
+    return code
+
+
+def run_cli(args: list[str]) -> int:
+    """Run the app on ``args``; every expected failure is one line on stderr and an exit code:
+    2 for bad input, 1 for a fault of the machine (disk, permissions), 130 for an interrupt.
+    ``--debug`` anywhere in ``args`` lets the traceback through instead."""
+    debug = "--debug" in args
+    args = [a for a in args if a != "--debug"]
+    try:
+        code = app(args=args, standalone_mode=False)
+    except ForgetlessError as err:
+        if debug:
+            raise
+        return _fail(f"error: {err}", err.exit_code)
+    except KeyboardInterrupt:
+        return _fail("interrupted", 130)
+    except typer.Exit as exit_:
+        return int(exit_.exit_code)
+    except OSError as err:
+        if debug:
+            raise
+        where = f"{err.filename}: " if err.filename else ""
+        return _fail(f"error: {where}{err.strerror or err}", 1)
+    except Exception as err:
+        if _is_click_error(err):
+            hint = " (see --help)" if getattr(err, "exit_code", 1) == 2 else ""
+            return _fail(f"error: {err.format_message()}{hint}", int(err.exit_code))  # type: ignore[attr-defined]
+        if debug:
+            raise
+        return _fail(
+            f"internal error: {type(err).__name__}: {err} (rerun with --debug for the traceback)",
+            1,
+        )
+    if code == 130:  # typer turns a Ctrl-C into this return value under standalone_mode=False
+        return _fail("interrupted", 130)
+    return code if isinstance(code, int) else 0
+
+
+def main() -> None:
+    code = run_cli(sys.argv[1:])
+    if code:
+        sys.exit(code)
 
 
 if __name__ == "__main__":

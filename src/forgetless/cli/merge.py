@@ -29,3 +29,8 @@ def merge(
     if "opcm_lambda" in stats.scalars:
         extra = f"; λ = {stats.scalars['opcm_lambda']:.4f}"
     console.print(f"merged {len(cfg.tasks)} task(s) by {cfg.method.name} into {out}{extra}")
+    for task, changed in zip(cfg.tasks, stats.changed, strict=True):
+        note = "  (warning: the task changes nothing)" if changed == 0 else ""
+        console.print(
+            f"  {task.path}: changed {changed} of {stats.tensors} tensors{note}", markup=False
+        )

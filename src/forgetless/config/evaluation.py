@@ -10,11 +10,13 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
+
+from forgetless.strict import STRICT_CONFIG, StrictModel
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", protected_namespaces=(), frozen=True)
+class _Strict(StrictModel):
+    model_config = ConfigDict(**STRICT_CONFIG, frozen=True)
 
 
 class ExactMatchScorer(_Strict):

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Discriminator,
     Field,
     Tag,
@@ -23,10 +22,14 @@ from forgetless.config.evaluation import (
 )
 from forgetless.methods import registered_methods
 from forgetless.methods.seq_ft import SeqFTConfig
+from forgetless.strict import StrictModel
+
+TASK_NAME = re.compile(r"\w[\w .+=@-]{0,99}")
+"""A task's name names its checkpoint folder: no separators, no leading dot, no markup."""
 
 
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+class Strict(StrictModel):
+    """A config section: unknown keys, non-finite numbers and booleans for numbers are refused."""
 
 
 class TinyModelConfig(Strict):
@@ -58,7 +61,7 @@ class PretrainConfig(Strict):
     batch_size: int = Field(32, ge=1, description="Examples per step.")
     lr: float = Field(3e-3, gt=0, description="Peak learning rate (cosine schedule).")
     n_train: int = Field(4000, ge=1, description="Training examples per task.")
-    seed: int = Field(0, description="Seed for weights and data.")
+    seed: int = Field(0, ge=0, lt=2**32, description="Seed for weights and data.")
 
 
 class ModelConfig(Strict):
@@ -202,6 +205,12 @@ class TaskConfig(Strict):
         sources = [s for s in (self.builtin, self.jsonl, self.hf) if s is not None]
         if len(sources) != 1:
             raise ValueError("a task needs exactly one of builtin, jsonl, hf")
+        if not TASK_NAME.fullmatch(self.display_name):
+            raise ValueError(
+                f"task name {self.display_name!r} is not usable as a folder name: use letters, "
+                "digits and _ . + = @ - or spaces, starting with a letter or digit, at most 100 "
+                "characters (set name: to choose one)"
+            )
         return self
 
     @property
@@ -249,7 +258,9 @@ def _method_union() -> Any:
 class RunConfig(Strict):
     """A whole continual run: model, fine-tuning mode, task sequence, probes, method."""
 
-    seed: int = Field(0, description="Seed for data order, initialisation and sampling.")
+    seed: int = Field(
+        0, ge=0, lt=2**32, description="Seed for data order, initialisation and sampling."
+    )
     model: ModelConfig = Field(default_factory=ModelConfig)  # type: ignore[arg-type]
     finetune: FinetuneConfig = Field(default_factory=FinetuneConfig)  # type: ignore[arg-type]
     train: TrainConfig = Field(default_factory=TrainConfig)  # type: ignore[arg-type]

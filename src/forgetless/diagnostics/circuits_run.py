@@ -31,6 +31,7 @@ from forgetless.diagnostics.circuits import (
 from forgetless.errors import DataError, ForgetlessError
 from forgetless.tasks.base import Example, Task
 from forgetless.tasks.formatting import collate, encode_example
+from forgetless.training.checkpoint import temp_file_name
 
 EPOCH_LABEL = re.compile(r"^(sft|rl)-epoch-(\d+)$")
 
@@ -322,7 +323,7 @@ def _save(fig: Any, path: Path, tight: bool = True) -> Path:
     import matplotlib.pyplot as plt
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}.png")
+    tmp = Path(f"{temp_file_name(path)}.png")  # savefig picks the format from the suffix
     if tight:
         fig.tight_layout()
     fig.savefig(tmp, dpi=110)

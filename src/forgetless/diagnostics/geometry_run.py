@@ -31,6 +31,7 @@ from forgetless.diagnostics.geometry import (
     state_conflict,
 )
 from forgetless.errors import ForgetlessError
+from forgetless.training.checkpoint import temp_file_name
 
 WEIGHTS_FILE = "model.safetensors"
 ADAPTER_FILE = "adapter_model.safetensors"
@@ -346,7 +347,7 @@ def plot_conflict(rows: list[dict[str, Any]], path: Path) -> Path:
         ax.set_ylabel("ΔR (negative = forgetting)")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}.png")
+    tmp = Path(f"{temp_file_name(path)}.png")  # savefig picks the format from the suffix
     fig.savefig(tmp, dpi=110)
     plt.close(fig)
     os.replace(tmp, path)

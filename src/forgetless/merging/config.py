@@ -15,16 +15,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from forgetless.errors import ConfigError
+from forgetless.strict import StrictModel
 
 if TYPE_CHECKING:
     from forgetless.experimental.gcwm import GCWMOptions
 
 
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+class Strict(StrictModel):
+    """A merge config section (unknown keys, non-finite numbers, booleans for numbers refused)."""
 
 
 class GCWMParams(BaseModel):
@@ -113,7 +114,9 @@ class DareMerge(Strict):
     name: Literal["dare"] = Field(description="DARE then task arithmetic (Yu et al. 2024).")
     drop_rate: float = Field(0.9, ge=0, lt=1, description="p, the share of entries dropped.")
     scaling: float = Field(1.0, description="λ on the weighted sum of the rescaled vectors.")
-    seed: int = Field(0, description="Seed of the drop masks (per tensor and task).")
+    seed: int = Field(
+        0, ge=0, lt=2**32, description="Seed of the drop masks (per tensor and task)."
+    )
 
 
 class OPCMMerge(Strict):

@@ -33,6 +33,7 @@ from forgetless.merging.dare import dare
 from forgetless.merging.opcm import opcm_accumulate, opcm_lambda
 from forgetless.merging.task_arithmetic import COMPUTE, task_vector, weighted_sum
 from forgetless.merging.ties import ties_merge
+from forgetless.training.checkpoint import temp_file_name
 
 WEIGHTS_FILE = "model.safetensors"
 COPIED = (
@@ -76,7 +77,7 @@ class StreamWriter:
             offset += size
         raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
         raw += b" " * (-len(raw) % 8)
-        self.path, self.tmp = path, path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        self.path, self.tmp = path, temp_file_name(path)
         self.order = [(name, dtype, tuple(shape)) for name, dtype, shape in specs]
         self.done = 0
         self.handle: BinaryIO = self.tmp.open("wb")
@@ -119,6 +120,28 @@ def adapter_key(module: str) -> str:
     return (module[len(prefix) :] if module.startswith(prefix) else module) + ".weight"
 
 
+def tensor_specs(files: TensorFiles) -> dict[str, tuple[int, ...]]:
+    """Every tensor's shape, read from the safetensors headers only."""
+    from safetensors import safe_open
+
+    shapes = {}
+    for name, path in files.where.items():
+        with safe_open(str(path), framework="pt") as handle:
+            shapes[name] = tuple(handle.get_slice(name).get_shape())
+    return shapes
+
+
+def read_files(folder: Path, files: list[Path]) -> TensorFiles:
+    """``TensorFiles`` with a one-line error for a file that is not safetensors."""
+    from safetensors import SafetensorError
+
+    try:
+        return TensorFiles(files)
+    except (SafetensorError, OSError, ValueError) as err:
+        why = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(f"{folder}: unreadable weights ({why})") from None
+
+
 class TaskSource:
     """One task: a full checkpoint (``θ_t − θ_base``) or a PEFT adapter (``s·B·A``, factored)."""
 
@@ -127,19 +150,73 @@ class TaskSource:
             raise ConfigError(f"tasks: no such folder: {folder}")
         self.folder = folder
         self.is_adapter = (folder / "adapter_config.json").is_file()
+        self.changed = 0
+        """Base tensors this task's update changes (counted during the merge)."""
         if self.is_adapter:
-            terms = _adapter_terms(folder)
+            try:
+                terms = _adapter_terms(folder)
+            except (KeyError, ValueError, OSError) as err:
+                raise ConfigError(f"{folder}: unreadable adapter ({err})") from None
             self.terms = {adapter_key(m): t for m, t in terms.items()}
         else:
-            self.files = TensorFiles(weight_files(folder))
+            self.files = read_files(folder, weight_files(folder))
+
+    def check_against(self, base: dict[str, tuple[int, ...]]) -> None:
+        """Refuse a task whose tensors are not the base's: another model's names or shapes."""
+        if self.is_adapter:
+            shapes: dict[str, tuple[int, ...]] = {
+                k: (t.left.shape[0], t.right.shape[1]) for k, t in self.terms.items()
+            }
+        else:
+            shapes = {_base_name(k, base): v for k, v in tensor_specs(self.files).items()}
+        if not shapes:
+            raise ConfigError(f"{self.folder}: the task holds no tensor to merge")
+        for name, shape in shapes.items():
+            if name not in base:
+                raise ConfigError(
+                    f"{self.folder}: tensor {name!r} is not in the base model: the task is from "
+                    "another model"
+                )
+            if tuple(shape) != base[name]:
+                raise ConfigError(
+                    f"{self.folder}: tensor {name!r} has shape {list(shape)}, the base's is "
+                    f"{list(base[name])}: the task is from another model"
+                )
 
     def delta(self, name: str, base: torch.Tensor) -> Delta | None:
         """This task's update of base weight ``name`` (None when it leaves it unchanged)."""
         if self.is_adapter:
-            return self.terms.get(name)
-        aliases = [name, TIED.get(name), *(k for k, v in TIED.items() if v == name)]
-        key = next((k for k in aliases if k is not None and k in self.files.where), None)
-        return None if key is None else task_vector(base, self.files.get(key))
+            found: Delta | None = self.terms.get(name)
+        else:
+            aliases = [name, TIED.get(name), *(k for k, v in TIED.items() if v == name)]
+            key = next((k for k in aliases if k is not None and k in self.files.where), None)
+            found = None if key is None else task_vector(base, self.files.get(key))
+        if found is not None and _nonzero(found):
+            self.changed += 1
+        return found
+
+
+def _base_name(name: str, base: dict[str, tuple[int, ...]]) -> str:
+    """A checkpoint's tensor name as the base calls it (a tied LM head is the embedding)."""
+    return name if name in base else TIED.get(name, name)
+
+
+def _nonzero(delta: Delta) -> bool:
+    if isinstance(delta, LowRank):
+        return bool(delta.left.any()) and bool(delta.right.any())
+    return bool(delta.any())
+
+
+def check_out(out: Path, cfg: MergeConfig) -> None:
+    """Refuse an output folder that is a file or one of the merge's inputs."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out}: is a file, not a folder")
+    target = out.resolve()
+    for label, folder in [("base_model", cfg.base_model)] + [
+        (f"tasks.{i}", t.path) for i, t in enumerate(cfg.tasks)
+    ]:
+        if folder.resolve() == target:
+            raise ConfigError(f"--out {out}: is the merge's input {label}; choose another folder")
 
 
 def dense(delta: Delta | None, like: torch.Tensor) -> torch.Tensor:
@@ -164,6 +241,10 @@ class MergeStats:
 
     layers: dict[str, dict[str, float]] = field(default_factory=dict)
     scalars: dict[str, float] = field(default_factory=dict)
+    changed: list[int] = field(default_factory=list)
+    """Per task, how many base tensors its update changed."""
+    tensors: int = 0
+    """Tensors in the merged model."""
 
 
 def merge_update(
@@ -254,8 +335,14 @@ def stream_merge(
     """Write ``out/`` as a loadable HF model folder holding the merge (see module docstring)."""
     if not cfg.base_model.is_dir():
         raise ConfigError(f"base_model: no such folder: {cfg.base_model}")
-    base = TensorFiles(weight_files(cfg.base_model))
+    check_out(out, cfg)
+    base = read_files(cfg.base_model, weight_files(cfg.base_model))
     sources = [TaskSource(t.path) for t in cfg.tasks]
+    shapes = tensor_specs(base)
+    for source in sources:  # every check before the first byte is written
+        source.check_against(shapes)
+    if not (cfg.base_model / "config.json").is_file():
+        raise ConfigError(f"base_model: {cfg.base_model} has no config.json")
     out.mkdir(parents=True, exist_ok=True)
     copy_model_files(cfg.base_model, out)
     specs = _specs(base)
@@ -283,7 +370,13 @@ def stream_merge(
         writer.abort()
         raise
     writer.close()
-    record = {"config": cfg.model_dump(mode="json"), "layers": stats.layers, **stats.scalars}
+    stats.changed, stats.tensors = [s.changed for s in sources], len(specs)
+    record = {
+        "config": cfg.model_dump(mode="json"),
+        "changed_tensors": stats.changed,
+        "layers": stats.layers,
+        **stats.scalars,
+    }
     (out / "merge.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     return stats
 

@@ -10,7 +10,11 @@ COMPUTE = torch.float32
 
 
 def task_vector(base: torch.Tensor, finetuned: torch.Tensor) -> torch.Tensor:
-    """``τ = θ_ft − θ_base`` in float32."""
+    """``τ = θ_ft − θ_base`` in float32; the shapes must match (no broadcasting)."""
+    if finetuned.shape != base.shape:
+        raise ValueError(
+            f"task vector of shapes {list(finetuned.shape)} against the base's {list(base.shape)}"
+        )
     return finetuned.to(COMPUTE) - base.to(COMPUTE)
 
 

@@ -14,8 +14,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
 from torch import nn
+
+from forgetless.strict import StrictModel
 
 if TYPE_CHECKING:
     from forgetless.eval.scoring import EvalResult
@@ -58,10 +60,10 @@ HOOKS: dict[Capability, tuple[str, ...]] = {
 }
 
 
-class MethodConfig(BaseModel):
+class MethodConfig(StrictModel):
     """Base of every method's config; subclasses pin ``name`` to a ``Literal``."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     name: str
 
 

@@ -92,7 +92,12 @@ class ReplayConfig(MethodConfig):
         le=1.0,
         description="Fraction of each micro-batch replaced by memory examples (CLEAR uses 0.5).",
     )
-    seed: int = Field(0, description="Seed of the reservoir and the replay draws (with the run's).")
+    seed: int = Field(
+        0,
+        ge=0,
+        lt=2**32,
+        description="Seed of the reservoir and the replay draws (with the run's).",
+    )
 
 
 @register_method

@@ -310,7 +310,9 @@ class SAEFDConfig(MethodConfig):
         "a second forward on the anchors that stops at the last MLP, cheaper when the LM head "
         "dominates a step (very large vocabularies). The loss is the same either way.",
     )
-    seed: int = Field(0, description="Seed of the anchor choice and draws (with the run's).")
+    seed: int = Field(
+        0, ge=0, lt=2**32, description="Seed of the anchor choice and draws (with the run's)."
+    )
 
 
 @register_method

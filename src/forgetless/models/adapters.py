@@ -99,7 +99,8 @@ class Finetuner:
             try:
                 load_model(self.model, str(path))
             except RuntimeError as err:  # e.g. tensors the model has but the file lacks
-                raise CheckpointError(f"{path}: {str(err).splitlines()[0]}") from None
+                why = " ".join(str(err).split())  # the missing names come after the first line
+                raise CheckpointError(f"{path}: {why}") from None
             return
         if self.cfg.lora.regime == "merge":
             for index, ckpt in enumerate(checkpoints, start=1):

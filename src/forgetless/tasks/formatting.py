@@ -90,6 +90,15 @@ def encode_training_set(
     return features, truncated
 
 
+def unknown_token_examples(tokenizer: Any, features: list[Features]) -> int:
+    """How many encoded examples hold the tokenizer's unknown token (text it cannot spell, such
+    as non-ASCII characters for the built-in character tokenizer)."""
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if unk is None:
+        return 0
+    return sum(unk in f["input_ids"] for f in features)
+
+
 def collate(features: list[Features], pad_id: int) -> dict[str, torch.Tensor]:
     """Right-pad features into input_ids / attention_mask / labels tensors.
 

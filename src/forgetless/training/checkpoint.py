@@ -1,12 +1,17 @@
-"""Atomic writes (temp name + rename); method state as safetensors plus JSON."""
+"""Atomic writes (temp name + rename); method state as safetensors plus JSON.
+
+Every temporary name carries ``TEMP_MARK``, a marker only this program makes, so that cleaning up
+after a killed write never deletes a file a user put in the output folder.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,6 +29,17 @@ if TYPE_CHECKING:  # the methods package imports its methods, which import this 
 
 TENSORS_FILE = "method_state.safetensors"
 META_FILE = "method_state.json"
+TEMP_MARK = "forgetless-tmp"
+_TEMP_FILE = re.compile(rf"^\..+\.{TEMP_MARK}-\d+$")
+_SWAP_DIR = re.compile(rf"^\.{TEMP_MARK}-(new|old)-(.+)$")
+
+swap_point: Callable[[str], None] = lambda point: None  # noqa: E731
+"""Called at each step of ``atomic_dir``'s swap; the fault-injection tests plant a kill here."""
+
+
+def temp_file_name(path: Path) -> Path:
+    """The temporary sibling of ``path`` that an atomic write of it goes through."""
+    return path.with_name(f".{path.name}.{TEMP_MARK}-{os.getpid()}")
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -34,23 +50,59 @@ def atomic_write_text(path: Path, text: str) -> None:
     if not is_main_process():
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with tmp.open("w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    tmp = temp_file_name(path)
+    try:
+        with tmp.open("w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _swap_dir(final: Path, kind: str) -> Path:
+    return final.with_name(f".{TEMP_MARK}-{kind}-{final.name}")
+
+
+def recover_dir(final: Path) -> None:
+    """Finish or undo what a kill left of an ``atomic_dir`` swap of ``final``.
+
+    Killed after the old copy was moved aside but before the new one took its place: the old copy
+    comes back (the write it replaced was never committed). Killed while the old copy was being
+    removed: the rest of it goes. A new copy never renamed into place is thrown away.
+    """
+    new, old = _swap_dir(final, "new"), _swap_dir(final, "old")
+    if old.exists():
+        if final.exists():
+            shutil.rmtree(old)
+        else:
+            os.rename(old, final)
+    if new.exists():
+        shutil.rmtree(new)
 
 
 def remove_stale_temps(folder: Path) -> list[Path]:
-    """Delete what a killed atomic write left in ``folder`` (and its ``checkpoints/``)."""
-    gone = [*folder.glob(".*.tmp-*"), *folder.glob("checkpoints/.tmp-*")]
-    for path in gone:
-        if path.is_dir():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            path.unlink(missing_ok=True)
-    return gone
+    """Clean up after killed atomic writes in ``folder`` and under its ``checkpoints/``.
+
+    Only names this program makes are touched: ``.NAME.forgetless-tmp-PID`` files and
+    ``.forgetless-tmp-{new,old}-NAME`` folders (recovered with ``recover_dir``).
+    """
+    found = [p for p in folder.glob(".*") if _TEMP_FILE.match(p.name) and p.is_file()]
+    checkpoints = folder / "checkpoints"
+    swaps = (
+        [p for p in checkpoints.rglob(".*") if _SWAP_DIR.match(p.name)]
+        if checkpoints.is_dir()
+        else []
+    )
+    for path in found:
+        path.unlink(missing_ok=True)
+    for path in sorted(swaps, key=lambda p: len(p.parts), reverse=True):
+        match = _SWAP_DIR.match(path.name)
+        if match and path.exists():
+            recover_dir(path.with_name(match.group(2)))
+    return [*found, *swaps]
 
 
 def atomic_write_json(path: Path, data: Any) -> None:
@@ -59,26 +111,32 @@ def atomic_write_json(path: Path, data: Any) -> None:
 
 @contextmanager
 def atomic_dir(final: Path) -> Iterator[Path]:
-    """Yield a temp folder beside ``final``; on success it replaces ``final`` in one rename.
+    """Yield a temp folder beside ``final``; on success it takes ``final``'s place.
 
+    The swap is rename-aside, rename-in, remove: a kill at any point leaves either the old or the
+    new folder whole, and ``recover_dir`` (run first here and on every resume) tidies up the rest.
     On a process other than the main one the folder is a scratch one, thrown away afterwards.
     """
     if not is_main_process():
         with tempfile.TemporaryDirectory(prefix="forgetless-") as scratch:
             yield Path(scratch)
         return
-    tmp = final.with_name(f".tmp-{final.name}")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
+    recover_dir(final)
+    new, old = _swap_dir(final, "new"), _swap_dir(final, "old")
+    new.mkdir(parents=True)
     try:
-        yield tmp
+        yield new
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(new, ignore_errors=True)
         raise
+    swap_point("written")
     if final.exists():
-        shutil.rmtree(final)
-    os.rename(tmp, final)
+        os.rename(final, old)
+        swap_point("aside")
+    os.rename(new, final)
+    swap_point("swapped")
+    if old.exists():
+        shutil.rmtree(old)
 
 
 def _split_state(state: MethodState, prefix: str, tensors: dict[str, torch.Tensor]) -> Any:

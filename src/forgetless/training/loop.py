@@ -40,10 +40,15 @@ class TrainPlan:
 
 
 class NonFiniteError(TrainingError):
-    """A loss term or the gradient norm is NaN or inf at a given task and step."""
+    """A loss term, the gradient norm or the updated weights are NaN or inf at a task and step."""
 
     def __init__(self, task: str, step: int, term: str, value: float) -> None:
-        what = "non-finite gradient" if term == "grad_norm" else f"loss term {term!r} is {value}"
+        if term == "grad_norm":
+            what = "non-finite gradient"
+        elif term == "weights":
+            what = "the weights are no longer finite after the update (is the learning rate sane?)"
+        else:
+            what = f"loss term {term!r} is {value}"
         super().__init__(f"task {task!r} step {step}: {what}")
         self.task, self.step, self.term, self.value = task, step, term, value
 
@@ -132,6 +137,16 @@ def make_optimizer(params: list[nn.Parameter], plan: TrainPlan) -> torch.optim.O
         return torch.optim.AdamW(params, lr=plan.lr, weight_decay=plan.weight_decay)
 
 
+def check_finite_weights(params: list[nn.Parameter], task: str, step: int) -> None:
+    """Stop when an update left a weight NaN or inf, whatever ``on_nonfinite`` says: skipping
+    cannot undo an update already applied. Checked before each step checkpoint and at the end,
+    since a non-finite weight makes every later loss non-finite too."""
+    with torch.no_grad():
+        bad = next((p for p in params if not bool(torch.isfinite(p).all())), None)
+    if bad is not None:
+        raise NonFiniteError(task, step, "weights", math.nan)
+
+
 def steps_for_epochs(n_examples: int, batch_size: int, grad_accum: int, epochs: float) -> int:
     per_epoch = max(1, n_examples // (batch_size * grad_accum))
     return max(1, math.ceil(per_epoch * epochs))
@@ -195,8 +210,10 @@ class StepLoop:
                 scheduler.step()
                 done.step, done.seconds = step + 1, time.perf_counter() - start
                 if self.checkpointer is not None and self.checkpointer.due(done.step, plan.steps):
+                    check_finite_weights(params, self.ctx.task.name, step)
                     self.checkpointer.save(self.model, optimizer, scheduler, done)
                 advance(None if math.isnan(done.final_loss) else done.final_loss)
+        check_finite_weights(params, self.ctx.task.name, plan.steps - 1)
         self.model.eval()
         return _stats(done, plan)
 

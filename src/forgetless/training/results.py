@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from forgetless.errors import ConfigError
+from forgetless.errors import CheckpointError
 from forgetless.eval.metrics import summarize
 from forgetless.training.checkpoint import atomic_write_json
 
@@ -73,10 +73,13 @@ class Results:
 
     @classmethod
     def read(cls, path: Path) -> Results:
+        """Read ``results.json``; a truncated, foreign or inconsistent file is a one-line error."""
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as err:
-            raise ConfigError(f"{path}: unreadable results file ({err.msg})") from None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            why = getattr(err, "msg", None) or getattr(err, "strerror", None) or type(err).__name__
+            raise CheckpointError(f"{path}: unreadable results file ({why})") from None
+        _check_results(data, path)
         return cls(
             config=data["config"],
             tasks=data["tasks"],
@@ -88,3 +91,37 @@ class Results:
             per_task=data["per_task"],
             events=data.get("events", []),
         )
+
+
+def _check_results(data: Any, path: Path) -> None:
+    """Refuse a results file that this program did not write, or that does not hang together."""
+
+    def refuse(why: str) -> CheckpointError:
+        return CheckpointError(f"{path}: not a forgetless results file ({why})")
+
+    if not isinstance(data, dict):
+        raise refuse(f"the top level is a {type(data).__name__}")
+    kinds = {
+        "config": dict,
+        "tasks": list,
+        "probes": list,
+        "accuracy_matrix": list,
+        "probe_accuracy": list,
+        "kl_drift": dict,
+        "per_task": list,
+    }
+    for key, kind in kinds.items():
+        if not isinstance(data.get(key), kind):
+            raise refuse(f"{key!r} is missing or not a {kind.__name__}")
+    drift = data["kl_drift"]
+    if not all(isinstance(drift.get(k), list) for k in ("base_to_model", "model_to_base")):
+        raise refuse("'kl_drift' lacks its two lists")
+    rows, width = data["accuracy_matrix"], len(data["tasks"])
+    if len(rows) > width + 1 or any(not isinstance(r, list) or len(r) != width for r in rows):
+        raise refuse(f"the accuracy matrix is not a list of rows of {width} tasks")
+    n_probes = len(data["probes"])
+    probe_rows = data["probe_accuracy"]
+    if len(probe_rows) != len(rows) or any(
+        not isinstance(r, list) or len(r) != n_probes for r in probe_rows
+    ):
+        raise refuse("the probe rows do not match the accuracy rows")

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 import torch
-import yaml
 from rich.console import Console
+from rich.markup import escape
 from torch import nn
 
 from forgetless.config.evaluation import LmEvalProbe
@@ -38,7 +38,7 @@ from forgetless.models.adapters import Finetuner
 from forgetless.models.loading import load_model, load_model_and_tokenizer, resolve_source
 from forgetless.models.pretrain import ensure_base_model
 from forgetless.tasks.base import Task
-from forgetless.tasks.formatting import Features, encode_training_set
+from forgetless.tasks.formatting import Features, encode_training_set, unknown_token_examples
 from forgetless.tasks.loaders import build_task
 from forgetless.training import distributed
 from forgetless.training.checkpoint import (
@@ -55,12 +55,12 @@ from forgetless.training.loop import (
     TrainStats,
     steps_for_epochs,
 )
+from forgetless.training.outdir import OutDirLock, inside
 from forgetless.training.progress import Progress
-from forgetless.training.results import RESULTS_FILE, Results
+from forgetless.training.results import Results
+from forgetless.training.resume import CONFIG_FILE, resume_check
 from forgetless.training.step_checkpoint import StepCheckpointer, plan_fingerprint
 from forgetless.training.tracking import Tracker
-
-CONFIG_FILE = "config.yaml"
 
 
 def seed_everything(seed: int) -> None:
@@ -75,27 +75,11 @@ def task_seed(seed: int, index: int) -> int:
 
 
 def checkpoint_dir(out_dir: Path, index: int, name: str) -> Path:
-    return out_dir / "checkpoints" / f"task-{index:02d}-{name}"
+    return inside(out_dir, "checkpoints", f"task-{index:02d}-{name}")
 
 
 def step_checkpoint_dir(out_dir: Path, index: int, name: str) -> Path:
-    return out_dir / "checkpoints" / f"step-{index:02d}-{name}"
-
-
-def config_differences(old: Any, new: Any, prefix: str = "") -> list[str]:
-    """Dotted paths at which two resolved configs differ."""
-    if isinstance(old, dict) and isinstance(new, dict):
-        keys = sorted(set(old) | set(new))
-        return [
-            d for k in keys for d in config_differences(old.get(k), new.get(k), f"{prefix}{k}.")
-        ]
-    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
-        return [
-            d
-            for i, (a, b) in enumerate(zip(old, new, strict=True))
-            for d in config_differences(a, b, f"{prefix}{i}.")
-        ]
-    return [] if old == new else [prefix.rstrip(".")]
+    return inside(out_dir, "checkpoints", f"step-{index:02d}-{name}")
 
 
 def _skip_event(task: str, skipped: list[NonFiniteError]) -> dict[str, Any]:
@@ -130,7 +114,6 @@ class Runner:
     """A method instance to use instead of building one from ``cfg.method`` (tests, notebooks)."""
 
     def run(self) -> Results:
-        cfg = self.cfg
         torch.set_flush_denormal(True)
         self.device = distributed.start().device  # accelerate picks the process's device
         if not distributed.is_main_process():  # one process prints and writes
@@ -138,6 +121,15 @@ class Runner:
         warning = distributed.launch_warning()
         if warning:
             self.console.print(warning, markup=False, highlight=False)
+        if not distributed.is_main_process():
+            return self._run(resume_check(self.out_dir, self.cfg, self.allow_config_change))
+        with OutDirLock(self.out_dir):
+            remove_stale_temps(self.out_dir)
+            return self._run(resume_check(self.out_dir, self.cfg, self.allow_config_change))
+
+    def _run(self, stored: Results | None) -> Results:
+        """The run proper, once the folder is locked and ``stored`` proved resumable."""
+        cfg = self.cfg
         task_probes = [p for p in cfg.probes if isinstance(p, TaskConfig)]
         tasks, probes = load_tasks(cfg.tasks, cfg), load_tasks(task_probes, cfg)
         self.lm_probes = [p for p in cfg.probes if isinstance(p, LmEvalProbe)]
@@ -156,7 +148,7 @@ class Runner:
         self.source = resolve_source(source or cfg.model.name_or_path or "")
         model, self.tokenizer = load_model_and_tokenizer(cfg.model, self.source)
         model.to(self.device)  # type: ignore[arg-type]
-        results = self._prepare_out_dir(tasks, probes)
+        results = self._prepare_out_dir(tasks, stored)
         distributed.barrier()
         self.tasks, self.probes = tasks, probes
         self.finetuner = Finetuner(model, cfg.finetune)  # checks LoRA targets before training
@@ -176,35 +168,25 @@ class Runner:
             self.tracker.finish()
         return results
 
-    def _prepare_out_dir(self, tasks: list[Task], probes: list[Task]) -> Results:
+    def _prepare_out_dir(self, tasks: list[Task], stored: Results | None) -> Results:
+        """Write the config, and the results to go on from (``stored``, or a fresh start)."""
         resolved = self.cfg.model_dump(mode="json")
-        config_path, results_path = self.out_dir / CONFIG_FILE, self.out_dir / RESULTS_FILE
-        if config_path.is_file():
-            stored = yaml.safe_load(config_path.read_text(encoding="utf-8"))
-            changed = config_differences(stored, resolved)
-            if changed and not self.allow_config_change:
-                raise ConfigError(
-                    f"{config_path}: stored config differs at {', '.join(changed)}; "
-                    "use another --out or --allow-config-change"
-                )
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(config_path, dump_config(self.cfg))
-        if results_path.is_file():
-            results = Results.read(results_path)
-            self._remove_stale(tasks[: results.completed_tasks])
-            results.config = resolved
-            if results.completed_tasks:
-                self.console.print(f"Resuming after task {results.completed_tasks} of {len(tasks)}")
-            return results
+        atomic_write_text(self.out_dir / CONFIG_FILE, dump_config(self.cfg))
+        if stored is not None:
+            self._remove_stale(tasks[: stored.completed_tasks])
+            stored.config = resolved
+            if stored.completed_tasks:
+                self.console.print(f"Resuming after task {stored.completed_tasks} of {len(tasks)}")
+            return stored
         return Results(
             config=resolved, tasks=[t.name for t in tasks], probes=probe_names(self.cfg.probes)
         )
 
     def _remove_stale(self, finished: list[Task]) -> None:
-        """Temp files of a killed write, and step checkpoints of tasks that have finished."""
+        """Step checkpoints of tasks that have finished."""
         if not distributed.is_main_process():
             return
-        remove_stale_temps(self.out_dir)
         for index, task in enumerate(finished, start=1):
             stale = step_checkpoint_dir(self.out_dir, index, task.name)
             if stale.is_dir():
@@ -240,9 +222,25 @@ class Runner:
                 }
                 if event not in results.events:
                     results.events.append(event)
+            self._warn_unknown(task.name, features, results)
             if index == results.completed_tasks + 1:
                 out[index] = features
         return out
+
+    def _warn_unknown(self, task: str, features: list[Features], results: Results) -> None:
+        """Examples the tokenizer cannot spell are trained on ``<unk>``: say so, never silently."""
+        count = unknown_token_examples(self.tokenizer, features)
+        if not count:
+            return
+        self.console.print(
+            f"warning: task {task!r}: {count} of {len(features)} training examples hold text the "
+            "tokenizer cannot spell (it becomes the unknown token)",
+            markup=False,
+            highlight=False,
+        )
+        event = {"type": "unknown_tokens", "task": task, "count": count, "of": len(features)}
+        if event not in results.events:
+            results.events.append(event)
 
     def _restore(self, completed: int) -> None:
         ckpts = [
@@ -451,12 +449,13 @@ class Runner:
 
     def _report_task(self, index: int, stats: TrainStats, results: Results) -> None:
         row = results.accuracy[-1]
-        accs = ", ".join(f"{t} {a:.2f}" for t, a in zip(results.tasks, row, strict=True))
+        accs = ", ".join(f"{escape(t)} {a:.2f}" for t, a in zip(results.tasks, row, strict=True))
         probes = ", ".join(
-            f"{p} {a:.2f}" for p, a in zip(results.probes, results.probe_accuracy[-1], strict=True)
+            f"{escape(p)} {a:.2f}"
+            for p, a in zip(results.probes, results.probe_accuracy[-1], strict=True)
         )
         self.console.print(
-            f"[bold]task {index}/{len(self.tasks)} {self.tasks[index - 1].name}[/]: "
+            f"[bold]task {index}/{len(self.tasks)} {escape(self.tasks[index - 1].name)}[/]: "
             f"{stats.steps} steps in "
             f"{stats.seconds:.1f}s ({stats.steps_per_second:.1f}/s) | tasks: {accs}"
             + (f" | probes: {probes}" if probes else "")

@@ -159,17 +159,23 @@ class StepCheckpointer:
             meta = json.loads((self.folder / META).read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
             raise CheckpointError(f"{self.folder / META}: unreadable ({err})") from None
-        if meta["plan"] != self.fingerprint:
+        if not isinstance(meta, dict) or meta.get("plan") != self.fingerprint:
             return None  # another plan (the config changed under --allow-config-change)
         tensors = read_tensors(self.folder / TENSORS)
-        self._load_weights(model, tensors)
-        load_optimizer_state(optimizer, tensors, meta["optimizer"])
-        scheduler.load_state_dict(meta["scheduler"])
-        self.method.load_state_dict(load_method_state(self.folder))
-        set_rng_state(tensors, meta["rng"])
-        saved = meta["progress"]
-        saved["skipped"] = [tuple(s) for s in saved["skipped"]]
-        return LoopProgress(**saved)
+        try:
+            self._load_weights(model, tensors)
+            load_optimizer_state(optimizer, tensors, meta["optimizer"])
+            scheduler.load_state_dict(meta["scheduler"])
+            self.method.load_state_dict(load_method_state(self.folder))
+            set_rng_state(tensors, meta["rng"])
+            saved = meta["progress"]
+            saved["skipped"] = [tuple(s) for s in saved["skipped"]]
+            return LoopProgress(**saved)
+        except (KeyError, TypeError, ValueError, IndexError) as err:
+            raise CheckpointError(
+                f"{self.folder}: damaged step checkpoint ({type(err).__name__}: {err}); "
+                "remove the folder to restart the task"
+            ) from None
 
     def _load_weights(self, model: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
         trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}

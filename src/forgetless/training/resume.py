@@ -1,0 +1,114 @@
+"""Whether an output folder may be resumed by a config, decided before anything is written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from forgetless.config.schema import RunConfig, probe_names
+from forgetless.errors import CheckpointError, ConfigError
+from forgetless.training.results import RESULTS_FILE, Results
+
+CONFIG_FILE = "config.yaml"
+FIXED_ONCE_TRAINED = (
+    "model.name_or_path",
+    "model.revision",
+    "model.tiny",
+    "model.pretrain",
+    "finetune",
+)
+"""Config paths that the finished tasks' checkpoints depend on: never changed on resume."""
+
+
+def config_differences(old: Any, new: Any, prefix: str = "") -> list[str]:
+    """Dotted paths at which two resolved configs differ."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        keys = sorted(set(old) | set(new))
+        return [
+            d for k in keys for d in config_differences(old.get(k), new.get(k), f"{prefix}{k}.")
+        ]
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+        return [
+            d
+            for i, (a, b) in enumerate(zip(old, new, strict=True))
+            for d in config_differences(a, b, f"{prefix}{i}.")
+        ]
+    return [] if old == new else [prefix.rstrip(".")]
+
+
+def read_stored_config(path: Path) -> dict[str, Any]:
+    """A run folder's ``config.yaml``: a mapping, or a one-line error naming the file."""
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError, ValueError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise CheckpointError(f"{path}: unreadable stored config ({first})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: the stored config is not a mapping; remove it to restart")
+    return data
+
+
+def has_trained(out_dir: Path, results: Results | None) -> bool:
+    """A finished task, or a task's step checkpoint: something a config change could corrupt."""
+    if results is not None and results.completed_tasks > 0:
+        return True
+    checkpoints = out_dir / "checkpoints"
+    return checkpoints.is_dir() and any(checkpoints.glob("step-*"))
+
+
+def resume_check(out_dir: Path, cfg: RunConfig, allow_change: bool) -> Results | None:
+    """The stored results that ``cfg`` goes on from, or None for a fresh start.
+
+    A folder with nothing trained in it is started afresh, whatever config it holds (a failed
+    run's ``config.yaml`` does not block the corrected one). Otherwise the stored config
+    (``config.yaml``, or the copy inside ``results.json`` when that file is gone) must equal
+    ``cfg``; ``allow_change`` lets it differ except where the trained checkpoints or the results'
+    columns depend on it. Raises before anything is written.
+    """
+    results_path, config_path = out_dir / RESULTS_FILE, out_dir / CONFIG_FILE
+    stored = Results.read(results_path) if results_path.is_file() else None
+    resolved = cfg.model_dump(mode="json")
+    if not has_trained(out_dir, stored):
+        same = stored is not None and not config_differences(stored.config, resolved)
+        return stored if same else None
+    previous = read_stored_config(config_path) if config_path.is_file() else None
+    if previous is None and stored is not None:
+        previous, config_path = stored.config, results_path
+    if previous is None:
+        return None
+    changed = config_differences(previous, resolved)
+    if changed and not allow_change:
+        raise ConfigError(
+            f"{config_path}: stored config differs at {', '.join(changed)}; "
+            "use another --out or --allow-config-change"
+        )
+    fixed = [c for c in changed if _fixed(c)]
+    if fixed:
+        raise ConfigError(
+            f"{config_path}: --allow-config-change cannot change {fixed[0]} once a task has "
+            "trained (the checkpoints depend on it); use another --out"
+        )
+    if stored is not None:
+        _check_columns(results_path, stored, cfg)
+    return stored
+
+
+def _fixed(path: str) -> bool:
+    return any(path == f or path.startswith(f"{f}.") for f in FIXED_ONCE_TRAINED)
+
+
+def _check_columns(path: Path, stored: Results, cfg: RunConfig) -> None:
+    """The task sequence and probes name the results' columns: they cannot change on resume."""
+    tasks, probes = [t.display_name for t in cfg.tasks], probe_names(cfg.probes)
+    if stored.tasks != tasks:
+        raise ConfigError(
+            f"{path}: the run's tasks are {', '.join(stored.tasks)}; a resumed run cannot change "
+            f"them to {', '.join(tasks)}; use another --out"
+        )
+    if stored.probes != probes:
+        raise ConfigError(
+            f"{path}: the run's probes are {', '.join(stored.probes) or 'none'}; a resumed run "
+            f"cannot change them to {', '.join(probes) or 'none'}; use another --out"
+        )
