@@ -3,6 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from forgetless.config.demo import demo_config_dict
 from forgetless.config.loading import apply_override, load_config, validate_config
@@ -97,3 +98,29 @@ def test_presets() -> None:
     assert [t.display_name for t in small.tasks] == ["reverse", "cipher", "bracket"]
     with pytest.raises(ConfigError, match="unknown preset 'huge'; known: tiny, small"):
         load_config(None, preset="huge")
+
+
+@pytest.mark.parametrize(
+    "method, why",
+    [
+        ("ewc", "anchors weights by name"),
+        ("attribution_gate", "keeps its map by parameter name"),
+        ("ties", "merges the trainable weights"),
+    ],
+)
+def test_validate_refuses_a_lora_regime_a_method_cannot_use_without_loading_a_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], method: str, why: str
+) -> None:
+    from forgetless.cli.app import run_cli
+
+    data = {
+        "model": {"name_or_path": str(tmp_path / "no-such-model")},  # never loaded
+        "finetune": {"mode": "lora", "lora": {"regime": "per_task"}},
+        "tasks": ["reverse"],
+        "method": {"name": method},
+    }
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(data), encoding="utf-8")
+    assert run_cli(["validate", str(config)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and why in err and "regime carry, not 'per_task'" in err

@@ -21,6 +21,7 @@ from forgetless.config.evaluation import (
     scorer_shorthand,
 )
 from forgetless.methods import registered_methods
+from forgetless.methods.base import lora_rule_broken
 from forgetless.methods.seq_ft import SeqFTConfig
 from forgetless.strict import StrictModel
 
@@ -291,14 +292,10 @@ class RunConfig(Strict):
 
     @model_validator(mode="after")
     def _method_fits_finetune(self) -> RunConfig:
-        regimes = registered_methods()[self.method.name].lora_regimes
-        if regimes is None:
-            return self
-        if self.finetune.mode != "lora" or self.finetune.lora.regime not in regimes:
-            wanted = " or ".join(regimes)
-            raise ValueError(
-                f"method {self.method.name!r} needs finetune.mode lora with regime {wanted}"
-            )
+        method = registered_methods()[self.method.name]
+        broken = lora_rule_broken(method, self.finetune.mode, self.finetune.lora.regime)
+        if broken:
+            raise ValueError(broken)
         return self
 
     @model_validator(mode="after")

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 import torch
 from torch import nn
 
-from forgetless.methods.base import Stage, require_carry_regime, trainable_parameters
+from forgetless.methods.base import Stage, trainable_parameters
 from forgetless.training.loop import TrainStats
 
 Tensors = dict[str, torch.Tensor]
@@ -31,7 +31,6 @@ def write_back(params: Mapping[str, nn.Parameter], before: Tensors, increments: 
 
 def train_then_merge(method: str, stage: Stage, increment: Increment) -> TrainStats:
     """Snapshot θ_{t−1}, train through the shared loop, merge ``Δ_t`` by ``increment``."""
-    require_carry_regime(method, stage.ctx.run.lora_regime, "merges the trainable weights")
     params = trainable_parameters(stage.ctx.model)
     before = {n: p.detach().clone() for n, p in params.items()}
     stats = stage.sft()

@@ -27,7 +27,6 @@ from forgetless.methods.base import (
     TaskContext,
     TaskEndContext,
     register_method,
-    require_carry_regime,
     trainable_parameters,
 )
 from forgetless.tasks.formatting import collate
@@ -76,6 +75,7 @@ class AttributionGate(Method):
     """
 
     name = "attribution_gate"
+    carry_only = "keeps its map by parameter name"
     config_cls = AttributionGateConfig
     capabilities = frozenset(
         {
@@ -96,7 +96,6 @@ class AttributionGate(Method):
         self._gated: list[tuple[str, nn.Parameter, torch.Tensor]] = []
 
     def register_hooks(self, ctx: TaskContext) -> list[torch.utils.hooks.RemovableHandle]:
-        require_carry_regime(self.name, ctx.run.lora_regime, "keeps its map by parameter name")
         self._gated = self._gate_factors(ctx.model)
         if self.cfg.gate != "gradient":
             return []

@@ -148,6 +148,10 @@ class Method:
     """How state tensors (by key prefix) are reduced across processes before they are saved."""
     lora_regimes: ClassVar[tuple[str, ...] | None] = None
     """When set, the method needs ``finetune.mode: lora`` with one of these regimes."""
+    carry_only: ClassVar[str | None] = None
+    """When set, why the method needs one adapter for the whole sequence under LoRA (regime
+    ``carry``): it keeps per-weight state by name. Checked with ``lora_regimes`` by
+    :func:`lora_rule_broken`, at validate."""
 
     def __init__(self, config: MethodConfig) -> None:
         self.config = config
@@ -250,14 +254,21 @@ def trainable_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
     return {n: p for n, p in model.named_parameters() if p.requires_grad}
 
 
-def require_carry_regime(method: str, regime: str | None, why: str) -> None:
-    """Methods that keep per-weight state by name need one LoRA adapter for the whole sequence."""
-    if regime not in (None, "carry"):
-        from forgetless.errors import ConfigError
+def lora_rule_broken(method: type[Method], mode: str, regime: str) -> str | None:
+    """What a fine-tuning mode and LoRA regime break of ``method``'s declared rules, or None.
 
-        raise ConfigError(
-            f"method {method!r} {why}: with LoRA it needs regime carry, not {regime!r}"
+    The one place the rules are read: the config schema calls it at validate, and the runner for
+    a method instance handed to it directly.
+    """
+    if method.lora_regimes is not None and (mode != "lora" or regime not in method.lora_regimes):
+        wanted = " or ".join(method.lora_regimes)
+        return f"method {method.name!r} needs finetune.mode lora with regime {wanted}"
+    if method.carry_only and mode == "lora" and regime != "carry":
+        return (
+            f"method {method.name!r} {method.carry_only}: with LoRA it needs regime carry, "
+            f"not {regime!r}"
         )
+    return None
 
 
 def hook_names(capabilities: Iterable[Capability]) -> list[str]:

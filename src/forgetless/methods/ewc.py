@@ -19,7 +19,6 @@ from forgetless.methods.base import (
     StepContext,
     TaskEndContext,
     register_method,
-    require_carry_regime,
     trainable_parameters,
 )
 from forgetless.tasks.formatting import Features, collate
@@ -107,6 +106,7 @@ class EWC(Method):
     """
 
     name = "ewc"
+    carry_only = "anchors weights by name"
     config_cls = EWCConfig
     capabilities = frozenset({Capability.LOSS_TERMS, Capability.TASK_END, Capability.STATE})
     reduce_ops: ClassVar[Mapping[str, ReduceOp]] = {"fisher": "mean"}
@@ -119,8 +119,6 @@ class EWC(Method):
         self.anchor: dict[str, torch.Tensor] = {}
 
     def loss_terms(self, batch: Batch, outputs: Any, ctx: StepContext) -> dict[str, torch.Tensor]:
-        if ctx.step == 0:
-            require_carry_regime(self.name, ctx.task.run.lora_regime, "anchors weights by name")
         if not self.fisher:
             return {"ewc": outputs.logits.new_zeros((), dtype=torch.float32)}
         params = trainable_parameters(ctx.task.model)

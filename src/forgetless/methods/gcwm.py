@@ -46,6 +46,7 @@ class GCWM(Method):
     """
 
     name = "gcwm"
+    carry_only = "merges the trainable weights"
     config_cls = GCWMConfig
     capabilities = frozenset({Capability.TRAIN_STAGE, Capability.STATE})
 

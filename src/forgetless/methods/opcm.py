@@ -47,6 +47,7 @@ class OPCM(Method):
     """
 
     name = "opcm"
+    carry_only = "merges the trainable weights"
     config_cls = OPCMConfig
     capabilities = frozenset({Capability.TRAIN_STAGE, Capability.STATE})
 

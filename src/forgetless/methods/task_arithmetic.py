@@ -31,6 +31,7 @@ class TaskArithmetic(Method):
     """
 
     name = "task_arithmetic"
+    carry_only = "merges the trainable weights"
     config_cls = TaskArithmeticConfig
     capabilities = frozenset({Capability.TRAIN_STAGE})
 

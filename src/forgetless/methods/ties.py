@@ -40,6 +40,7 @@ class Ties(Method):
     """
 
     name = "ties"
+    carry_only = "merges the trainable weights"
     config_cls = TiesConfig
     capabilities = frozenset({Capability.TRAIN_STAGE, Capability.STATE})
 

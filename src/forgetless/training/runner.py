@@ -33,6 +33,7 @@ from forgetless.methods.base import (
     TaskContext,
     TaskEndContext,
     create_method,
+    lora_rule_broken,
 )
 from forgetless.models.adapters import Finetuner
 from forgetless.models.loading import load_model, load_model_and_tokenizer, resolve_source
@@ -134,6 +135,9 @@ class Runner:
         tasks, probes = load_tasks(cfg.tasks, cfg), load_tasks(task_probes, cfg)
         self.lm_probes = [p for p in cfg.probes if isinstance(p, LmEvalProbe)]
         self.active: Method = self.method or create_method(cfg.method)
+        broken = lora_rule_broken(type(self.active), cfg.finetune.mode, cfg.finetune.lora.regime)
+        if broken:  # a method instance handed over directly bypassed the config's check
+            raise ConfigError(broken)
         report_to = cfg.report_to if distributed.is_main_process() else "none"
         self.tracker = Tracker(report_to, self.out_dir, cfg.model_dump(mode="json"))
         source = (
