@@ -26,6 +26,7 @@ demo: setup  ## the bench demo: pretrain (or reuse) the tiny base, compare metho
 
 lint: setup
 	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
 	$(VENV)/bin/mypy src
 
 test: lint browser  ## the fast tier (what CI runs)

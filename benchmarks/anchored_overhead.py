@@ -35,6 +35,9 @@ from rich.console import Console
 
 from forgetless.config.loading import validate_config
 from forgetless.config.schema import ModelConfig
+from forgetless.contract.method import RunInfo, TaskContext, create_method
+from forgetless.core.storage import atomic_write_json
+from forgetless.engine.loop import StepLoop, TrainPlan
 from forgetless.methods.anchored import AnchorCache, anchor_loss, completion_logprobs
 from forgetless.methods.anchored_math import (
     anchor_logprobs,
@@ -42,13 +45,10 @@ from forgetless.methods.anchored_math import (
     index_dtype,
     topk_anchor,
 )
-from forgetless.methods.base import RunInfo, TaskContext, create_method
 from forgetless.methods.seq_ft import SeqFTConfig
 from forgetless.models.tiny import build_char_tokenizer, build_tiny_model
 from forgetless.tasks.builtin import build_builtin_task
 from forgetless.tasks.formatting import Features, collate, encode_example
-from forgetless.training.checkpoint import atomic_write_json
-from forgetless.training.loop import StepLoop, TrainPlan
 from forgetless.training.runner import Runner
 
 OUT = Path(__file__).parent / "results" / "anchored_overhead.json"

@@ -28,13 +28,13 @@ from peak_memory import add_step_args, run_forked, timed_steps  # benchmarks/ is
 
 from forgetless.attribution.relevance import relevance_session
 from forgetless.config.schema import ModelConfig
+from forgetless.contract.method import Method, RunInfo, TaskContext, create_method
+from forgetless.engine.loop import StepLoop
 from forgetless.methods.attribution_gate import AttributionGate, AttributionGateConfig
-from forgetless.methods.base import Method, RunInfo, TaskContext, create_method
 from forgetless.methods.seq_ft import SeqFTConfig
 from forgetless.models.tiny import build_char_tokenizer, build_tiny_model
 from forgetless.tasks.builtin import build_builtin_task
 from forgetless.tasks.formatting import collate, encode_example
-from forgetless.training.loop import StepLoop
 
 OUT = Path(__file__).parent / "results" / "attribution_overhead.json"
 TARGETS = {"update_gate_step_time_ratio": 1.1}

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from forgetless.config.schema import TinyModelConfig
+from forgetless.core.storage import atomic_write_json
 from forgetless.diagnostics.circuits import (
     counterfactual,
     head_effects,
@@ -42,7 +43,6 @@ from forgetless.diagnostics.circuits import (
 from forgetless.models.tiny import build_char_tokenizer, build_tiny_model
 from forgetless.tasks.builtin import build_builtin_task
 from forgetless.tasks.formatting import collate, encode_example
-from forgetless.training.checkpoint import atomic_write_json
 
 OUT = Path(__file__).parent / "results" / "circuits_speed.json"
 

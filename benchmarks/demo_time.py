@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from forgetless.training.checkpoint import atomic_write_json
+from forgetless.core.storage import atomic_write_json
 
 OUT = Path(__file__).parent / "results" / "demo_time.json"
 

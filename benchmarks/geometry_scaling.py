@@ -165,7 +165,7 @@ def main() -> None:
     for case in plan(args.quick, tuple(int(r) for r in args.ranks.split(","))):
         rows.append(spawn(case, args.iterations, args.timeout))
         print(table(rows[-1:]).splitlines()[-1], flush=True)
-    from forgetless.training.checkpoint import atomic_write_json
+    from forgetless.core.storage import atomic_write_json
 
     report = {
         "schema_version": 1,

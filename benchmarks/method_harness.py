@@ -34,7 +34,7 @@ import torch
 from peak_memory import peak_mb, start_window, timed_steps  # benchmarks/ is on sys.path
 
 from forgetless.config.schema import FinetuneConfig, ModelConfig
-from forgetless.methods.base import (
+from forgetless.contract.method import (
     Capability,
     Method,
     RunInfo,
@@ -45,11 +45,11 @@ from forgetless.methods.base import (
     registered_methods,
     trainable_parameters,
 )
+from forgetless.engine.loop import StepLoop, TrainPlan, TrainStats
 from forgetless.models.adapters import Finetuner
 from forgetless.models.tiny import build_char_tokenizer, build_tiny_model
 from forgetless.tasks.builtin import build_builtin_task
 from forgetless.tasks.formatting import Features, encode_example
-from forgetless.training.loop import StepLoop, TrainPlan, TrainStats
 
 TASKS = ("reverse", "cipher", "bracket", "sort", "count", "wordprob", "copy", "upper", "add")
 """Built-in tasks in sequence order: up to 8 past tasks and the timed one."""
@@ -64,8 +64,6 @@ inner budget of plan steps / T (the matched compute of ``anchored_overhead.py``)
 
 def methods() -> list[str]:
     """Every registered method the harness times (all but ``EXCLUDED``), seq_ft first."""
-    import forgetless.methods  # noqa: F401  (registers the built-ins)
-
     names = sorted(set(registered_methods()) - set(EXCLUDED) - {"seq_ft"})
     return ["seq_ft", *names]
 

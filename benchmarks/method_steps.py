@@ -34,7 +34,7 @@ from method_harness import (  # benchmarks/ is on sys.path
 )
 from peak_memory import add_step_args, run_forked
 
-from forgetless.training.checkpoint import atomic_write_json
+from forgetless.core.storage import atomic_write_json
 
 OUT = Path(__file__).parent / "results" / "method_steps.json"
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from method_harness import Bench, add_harness_args  # benchmarks/ is on sys.path
 
-from forgetless.training.checkpoint import atomic_write_text
+from forgetless.core.storage import atomic_write_text
 
 OUT_DIR = Path(__file__).parent / "results" / "profiles"
 

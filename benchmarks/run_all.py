@@ -26,7 +26,7 @@ from typing import Any
 
 from results_table import render  # benchmarks/ is on sys.path
 
-from forgetless.training.checkpoint import atomic_write_json, atomic_write_text
+from forgetless.core.storage import atomic_write_json, atomic_write_text
 
 HERE = Path(__file__).parent
 

@@ -36,7 +36,9 @@ from peak_memory import add_step_args, run_forked, timed_steps  # benchmarks/ is
 
 from forgetless.config.demo import SMALL_MODEL
 from forgetless.config.schema import FinetuneConfig, ModelConfig, TinyModelConfig
-from forgetless.methods.base import Method, RunInfo, TaskContext, create_method
+from forgetless.contract.method import Method, RunInfo, TaskContext, create_method
+from forgetless.core.storage import atomic_write_json
+from forgetless.engine.loop import StepLoop
 from forgetless.methods.sae_fd import SAEFD, SAEFDConfig
 from forgetless.methods.seq_ft import SeqFTConfig
 from forgetless.models.adapters import Finetuner
@@ -45,8 +47,6 @@ from forgetless.sae.gated import GatedSAE, GatedSAEConfig, freeze
 from forgetless.sae.train import input_scale
 from forgetless.tasks.builtin import build_builtin_task
 from forgetless.tasks.formatting import Features, encode_example
-from forgetless.training.checkpoint import atomic_write_json
-from forgetless.training.loop import StepLoop
 
 OUT = Path(__file__).parent / "results" / "sae_fd_overhead.json"
 TARGETS = {"step_time_ratio_at_quarter": 1.4, "anchor_output_bytes_ratio": 0.5}

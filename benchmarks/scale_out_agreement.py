@@ -23,8 +23,8 @@ from typing import Any
 import yaml
 from safetensors.torch import load_file
 
+from forgetless.core.storage import atomic_write_json
 from forgetless.models.tiny import build_char_tokenizer, build_tiny_model
-from forgetless.training.checkpoint import atomic_write_json
 
 OUT = Path(__file__).parent / "results" / "scale_out_agreement.json"
 METHODS = {

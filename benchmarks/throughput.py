@@ -20,13 +20,13 @@ import torch
 from transformers import Trainer, TrainingArguments
 
 from forgetless.config.schema import ModelConfig
-from forgetless.methods.base import RunInfo, TaskContext, create_method
+from forgetless.contract.method import RunInfo, TaskContext, create_method
+from forgetless.core.storage import atomic_write_json
+from forgetless.engine.loop import StepLoop, TrainPlan
 from forgetless.methods.seq_ft import SeqFTConfig
 from forgetless.models.tiny import build_char_tokenizer, build_tiny_model
 from forgetless.tasks.builtin import build_builtin_task
 from forgetless.tasks.formatting import collate, encode_example
-from forgetless.training.checkpoint import atomic_write_json
-from forgetless.training.loop import StepLoop, TrainPlan
 
 OUT = Path(__file__).parent / "results" / "throughput.json"
 

@@ -52,8 +52,10 @@ def _patch(owner: Any, name: str, make: Callable[[Callable[..., Any]], Callable[
 
 def plant(point: str, n: int) -> None:
     reached = _countdown(n)
-    import forgetless.methods  # noqa: F401  (registers the methods; the loop imports them)
-    from forgetless.training import loop, step_checkpoint
+    from forgetless.contract import registered_methods
+
+    registered_methods()  # imports the built-in methods before their hooks are patched
+    from forgetless.engine import loop, step_checkpoint
 
     if point == "step":
 
@@ -116,7 +118,7 @@ def plant(point: str, n: int) -> None:
 
 
 def _plant_method_end(point: str, reached: Callable[[], bool]) -> None:
-    from forgetless.methods import base
+    from forgetless.contract import method as base
 
     hook = "on_task_end" if point == "task_end" else "train_task"
 

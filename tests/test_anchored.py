@@ -14,9 +14,10 @@ from safetensors.torch import load_file
 
 from forgetless.config.loading import validate_config
 from forgetless.config.schema import ModelConfig
+from forgetless.contract import registered_methods
+from forgetless.contract.method import Capability, StepContext
 from forgetless.errors import ConfigError
 from forgetless.eval import metrics
-from forgetless.methods import registered_methods
 from forgetless.methods.anchored import (
     AnchorCache,
     Anchored,
@@ -32,7 +33,6 @@ from forgetless.methods.anchored_math import (
     kl_per_position,
     topk_anchor,
 )
-from forgetless.methods.base import Capability, StepContext
 from forgetless.models.loading import load_model_and_tokenizer
 from forgetless.tasks.builtin import build_builtin_task
 from forgetless.tasks.formatting import collate, encode_example

@@ -359,10 +359,10 @@ def _own_predictions(model: nn.Module, n: int) -> list[dict[str, list[int]]]:
 
 
 def test_task_end_maps_correct_samples_into_half_precision(tmp_path: Path) -> None:
+    from forgetless.contract.method import RunInfo, TaskContext, TaskEndContext
+    from forgetless.engine.loop import TrainStats
     from forgetless.eval.scoring import EvalResult
-    from forgetless.methods.base import RunInfo, TaskContext, TaskEndContext
     from forgetless.tasks.base import Example, Task
-    from forgetless.training.loop import TrainStats
 
     model = _tiny("qwen2")
     feats = _own_predictions(model, 3)

@@ -12,11 +12,11 @@ import torch
 from cli_runs import assert_whole, cli, final_state, killed_at, results, write_config
 from conftest import tiny_run_config
 
+from forgetless.contract import create_method
+from forgetless.engine.loop import batches
+from forgetless.engine.step_checkpoint import LoopProgress, StepCheckpointer
 from forgetless.errors import CheckpointError
-from forgetless.methods import create_method
 from forgetless.methods.seq_ft import SeqFTConfig
-from forgetless.training.loop import batches
-from forgetless.training.step_checkpoint import LoopProgress, StepCheckpointer
 
 
 def test_sigkill_mid_step_resumes_from_the_step_checkpoint(

@@ -13,10 +13,10 @@ from rich.console import Console
 from safetensors.torch import load_file
 
 from forgetless.config.loading import validate_config
+from forgetless.contract.method import Capability, StepContext
+from forgetless.core.storage import load_method_state
 from forgetless.errors import ConfigError
-from forgetless.methods.base import Capability, StepContext
 from forgetless.methods.ewc import EWC, EWCConfig, ewc_penalty, online_fisher
-from forgetless.training.checkpoint import load_method_state
 from forgetless.training.runner import Runner
 
 TRAIN = {"steps": 4, "batch_size": 8, "lr": 1e-3, "max_length": 32}
@@ -91,7 +91,7 @@ def test_state_round_trip_after_a_run(tiny_model_dir: Path, tmp_path: Path) -> N
     run(tiny_model_dir, tmp_path, method)
     assert method.uses(Capability.STATE) and set(method.reduce_ops) == {"fisher"}
     state = load_method_state(tmp_path / "checkpoints" / "task-02-cipher")
-    restored = EWC(method.cfg)
+    restored = EWC(method.config)
     restored.load_state_dict(state)
     assert restored.fisher.keys() == method.fisher.keys() == restored.anchor.keys()
     for n in method.fisher:

@@ -24,10 +24,11 @@ from test_bad_inputs import write_config as write_yaml
 
 from forgetless.cli.app import run_cli
 from forgetless.config.loading import load_config
+from forgetless.core.rundir import RunDir
+from forgetless.core.storage import atomic_write_text, remove_stale_temps, temp_file_name
+from forgetless.engine.loop import NonFiniteError, check_finite_weights
 from forgetless.errors import ConfigError
-from forgetless.training.checkpoint import atomic_write_text, remove_stale_temps, temp_file_name
-from forgetless.training.loop import NonFiniteError, check_finite_weights
-from forgetless.training.runner import Runner, checkpoint_dir
+from forgetless.training.runner import Runner
 
 SMALL = {"steps": 2, "batch_size": 4, "lr": 1e-3, "max_length": 32}
 
@@ -87,9 +88,9 @@ def test_unsafe_task_names_fail_validation(tiny_model_dir: Path, name: str) -> N
 
 
 def test_checkpoint_paths_are_proved_inside_out(tmp_path: Path) -> None:
-    assert checkpoint_dir(tmp_path, 1, "reverse").parent == tmp_path / "checkpoints"
+    assert RunDir(tmp_path).task_checkpoint(1, "reverse").parent == tmp_path / "checkpoints"
     with pytest.raises(ConfigError, match="outside the output folder"):
-        checkpoint_dir(tmp_path, 1, "x/../../../../elsewhere")
+        RunDir(tmp_path).task_checkpoint(1, "x/../../../../elsewhere")
 
 
 # 2-4. Merges refuse their own inputs as output, other models, and wrong shapes.
@@ -408,10 +409,10 @@ def test_foreign_and_truncated_files_in_out_are_one_line(
 
 
 def test_damaged_step_state_is_one_line(tmp_path: Path) -> None:
+    from forgetless.engine.loop import TrainPlan
+    from forgetless.engine.step_checkpoint import StepCheckpointer, plan_fingerprint
     from forgetless.errors import CheckpointError
     from forgetless.methods.seq_ft import SeqFT, SeqFTConfig
-    from forgetless.training.loop import TrainPlan
-    from forgetless.training.step_checkpoint import StepCheckpointer, plan_fingerprint
 
     plan = TrainPlan(steps=4, batch_size=4, lr=1e-3, seed=1)
     model = torch.nn.Linear(2, 2)
@@ -543,7 +544,7 @@ KILLED_SWAP = textwrap.dedent(
     """
     import os, signal, sys
     from pathlib import Path
-    from forgetless.training import checkpoint
+    from forgetless.core import storage as checkpoint
 
     final, point = Path(sys.argv[1]), sys.argv[2]
 

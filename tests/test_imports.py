@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 ENTRY_MODULES = [
-    "forgetless.training.checkpoint",
+    "forgetless.core.storage",
     "forgetless.diagnostics.geometry_run",
     "forgetless.sae.activations",
     "forgetless.bench.runner",

@@ -12,8 +12,8 @@ from rich.console import Console
 from safetensors.torch import load_file
 
 from forgetless.config.loading import validate_config
+from forgetless.contract import registered_methods
 from forgetless.errors import ConfigError
-from forgetless.methods import registered_methods
 from forgetless.methods.low_lr import LowLR, LowLRConfig
 from forgetless.training.runner import Runner
 

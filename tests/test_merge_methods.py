@@ -11,12 +11,13 @@ import pytest
 import torch
 from torch import nn
 
+from forgetless.contract import Method, create_method, registered_methods
+from forgetless.contract.method import Stage
+from forgetless.core.registry import lora_rule_broken
+from forgetless.core.storage import load_method_state, save_method_state
 from forgetless.diagnostics.geometry import LowRank
+from forgetless.engine.loop import TrainStats
 from forgetless.merging import ties_merge
-from forgetless.methods import Method, create_method, registered_methods
-from forgetless.methods.base import Stage, lora_rule_broken
-from forgetless.training.checkpoint import load_method_state, save_method_state
-from forgetless.training.loop import TrainStats
 
 
 class Tiny(nn.Module):
@@ -116,7 +117,7 @@ def test_gcwm_merges_the_active_updates_with_the_correction() -> None:
         torch.allclose(p, start[n] + updates[0][n], atol=1e-5) for n, p in model.named_parameters()
     )
     stats = _run(method, model, updates[1:])
-    opts = method.cfg.options()  # type: ignore[attr-defined]
+    opts = method.config.options()  # type: ignore[attr-defined]
     factors = [
         LowRank(u["proj.weight"].double(), torch.eye(6, dtype=torch.float64)) for u in updates
     ]

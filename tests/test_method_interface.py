@@ -13,7 +13,7 @@ from rich.console import Console
 from torch import nn
 
 from forgetless.config.loading import validate_config
-from forgetless.methods.base import (
+from forgetless.contract.method import (
     Capability,
     Method,
     MethodConfig,
@@ -24,7 +24,7 @@ from forgetless.methods.base import (
     check_method_class,
     register_method,
 )
-from forgetless.training.loop import TrainStats, causal_lm_loss
+from forgetless.engine.loop import TrainStats, causal_lm_loss
 from forgetless.training.runner import Runner
 
 
@@ -69,7 +69,7 @@ def test_named_loss_terms_are_logged_and_state_is_saved(
         assert set(stats["loss_terms"]) == {"task", "l2"}
         assert stats["loss_terms"]["l2"] > 0
     resumed = L2ToStart(ProbeConfig())
-    from forgetless.training.checkpoint import load_method_state
+    from forgetless.core.storage import load_method_state
 
     resumed.load_state_dict(load_method_state(tmp_path / "checkpoints" / "task-02-cipher"))
     assert resumed.tasks_seen == 2 and resumed.start

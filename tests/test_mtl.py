@@ -9,11 +9,11 @@ from conftest import tiny_run_config
 from rich.console import Console
 
 from forgetless.config.loading import validate_config
-from forgetless.methods import registered_methods
-from forgetless.methods.base import Stage
+from forgetless.contract import registered_methods
+from forgetless.contract.method import Stage
+from forgetless.engine.loop import TrainStats
 from forgetless.methods.mtl import MTL, MTLConfig, joint_steps
 from forgetless.tasks.formatting import Features, encode_example
-from forgetless.training.loop import TrainStats
 from forgetless.training.runner import Runner
 
 

@@ -14,8 +14,8 @@ from rich.console import Console
 from safetensors.torch import load_file
 
 from forgetless.config.loading import validate_config
+from forgetless.contract.method import Capability, Method, MethodConfig, StepContext, TaskContext
 from forgetless.errors import TrainingError
-from forgetless.methods.base import Capability, Method, MethodConfig, StepContext, TaskContext
 from forgetless.training.runner import Runner
 
 TRAIN = {"steps": 3, "batch_size": 8, "lr": 1e-2, "max_length": 32}

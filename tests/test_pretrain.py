@@ -8,7 +8,7 @@ from safetensors.torch import load_file
 
 from forgetless.config.schema import ModelConfig
 from forgetless.models.loading import load_model_and_tokenizer
-from forgetless.models.pretrain import base_fingerprint, pretrain_base
+from forgetless.training.pretrain import base_fingerprint, pretrain_base
 
 SMALL = {
     "tiny": {

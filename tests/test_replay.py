@@ -13,12 +13,12 @@ from rich.console import Console
 from torch import nn
 
 from forgetless.config.loading import validate_config
-from forgetless.methods.base import RunInfo, StepContext, TaskContext, TaskEndContext
+from forgetless.contract.method import RunInfo, StepContext, TaskContext, TaskEndContext
+from forgetless.core.storage import load_method_state, save_method_state
+from forgetless.engine.loop import TrainStats
 from forgetless.methods.replay import Replay, ReplayConfig, mix_batch, reservoir_update
 from forgetless.tasks.base import Example, Task
 from forgetless.tasks.formatting import Features
-from forgetless.training.checkpoint import load_method_state, save_method_state
-from forgetless.training.loop import TrainStats
 from forgetless.training.runner import Runner
 
 REPLAY = {"name": "replay", "buffer_size": 16, "ratio": 0.5}
@@ -161,8 +161,8 @@ def test_resumed_run_replays_exactly(tiny_model_dir: Path, tmp_path: Path) -> No
     full = RecordingReplay(ReplayConfig.model_validate(REPLAY))
     expected = run(tiny_model_dir, tmp_path / "full", full)
     with pytest.raises(KeyboardInterrupt):
-        run(tiny_model_dir, tmp_path / "crash", RecordingReplay(full.cfg, crash=True))
-    resumed = RecordingReplay(full.cfg)
+        run(tiny_model_dir, tmp_path / "crash", RecordingReplay(full.config, crash=True))
+    resumed = RecordingReplay(full.config)
     results = run(tiny_model_dir, tmp_path / "crash", resumed)
     assert resumed.batches[2] == full.batches[2]
     assert resumed.buffer == full.buffer and resumed.seen == full.seen

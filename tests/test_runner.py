@@ -13,8 +13,8 @@ from rich.console import Console
 from safetensors.torch import load_file
 
 from forgetless.config.loading import validate_config
+from forgetless.contract.method import Capability, StepContext
 from forgetless.errors import ConfigError, TrainingError
-from forgetless.methods.base import StepContext
 from forgetless.methods.seq_ft import SeqFT, SeqFTConfig
 from forgetless.training.runner import Runner
 
@@ -58,7 +58,7 @@ def test_results_file_schema_and_checkpoints(tiny_model_dir: Path, tmp_path: Pat
 class CrashAt(SeqFT):
     """seq_ft that dies at a given task and step, as a killed process would."""
 
-    capabilities = frozenset({__import__("forgetless").methods.Capability.BATCH_TRANSFORM})
+    capabilities = frozenset({Capability.BATCH_TRANSFORM})
 
     def __init__(self, task: int, step: int) -> None:
         super().__init__(SeqFTConfig())
@@ -156,7 +156,7 @@ def test_nan_loss_stops_with_task_step_and_term(tiny_model_dir: Path, tmp_path: 
 
 
 class _NaNLoss(SeqFT):
-    capabilities = frozenset({__import__("forgetless").methods.Capability.REPLACE_LOSS})
+    capabilities = frozenset({Capability.REPLACE_LOSS})
 
     def task_loss(self, batch: Any, outputs: Any, ctx: StepContext) -> torch.Tensor:
         return outputs.logits.sum() * float("nan")

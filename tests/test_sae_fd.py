@@ -16,8 +16,10 @@ from transformers import AutoModelForCausalLM
 
 from forgetless.config.loading import validate_config
 from forgetless.config.schema import ModelConfig
+from forgetless.contract.method import RunInfo, StepContext, TaskContext
+from forgetless.core.storage import load_method_state, save_method_state
+from forgetless.engine.loop import causal_lm_loss
 from forgetless.errors import ConfigError
-from forgetless.methods.base import RunInfo, StepContext, TaskContext
 from forgetless.methods.sae_fd import (
     SAEFD,
     SAEFDConfig,
@@ -34,8 +36,6 @@ from forgetless.sae.activations import MLPTap, token_outputs
 from forgetless.sae.train import input_scale
 from forgetless.tasks.builtin import build_builtin_task
 from forgetless.tasks.formatting import collate, encode_example
-from forgetless.training.checkpoint import load_method_state, save_method_state
-from forgetless.training.loop import causal_lm_loss
 from forgetless.training.runner import Runner
 
 TINY_SAE = {"steps": 20, "n_per_task": 4, "batch_size": 256, "expansion": 4}
@@ -214,7 +214,7 @@ def test_anchor_draws_follow_the_fraction_and_the_seed(tiny_model_dir: Path) -> 
     step = SimpleNamespace(task=task, step=3)
     first = method._draw(8, step)  # type: ignore[arg-type]
     assert len(first) == 2 and len(set(first)) == 2
-    again = SAEFD(method.cfg)
+    again = SAEFD(method.config)
     again.buffer = method.buffer
     assert again._draw(8, step) == first, "the same (run, task, step, micro-batch) draws the same"  # type: ignore[arg-type]
     assert len(method._draw(64, SimpleNamespace(task=task, step=4))) == 16  # type: ignore[arg-type]

@@ -13,8 +13,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from accelerate.commands.config.config_args import ClusterConfig
 
+from forgetless.core import distributed
 from forgetless.errors import ConfigError
-from forgetless.training import distributed
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "accelerate"
 

@@ -8,8 +8,8 @@ from conftest import tiny_run_config
 from rich.console import Console
 
 from forgetless.config.loading import validate_config
+from forgetless.engine import tracking
 from forgetless.errors import ConfigError
-from forgetless.training import tracking
 from forgetless.training.runner import Runner
 
 

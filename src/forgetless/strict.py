@@ -42,3 +42,9 @@ class StrictModel(BaseModel):
                 if isinstance(value, bool) and field and is_number_field(field.annotation):
                     raise ValueError(f"{key}: expected a number, got the boolean {value}")
         return data
+
+
+class MethodConfig(StrictModel):
+    """Base of every method's config; subclasses pin ``name`` to a ``Literal``."""
+
+    name: str

@@ -12,8 +12,8 @@ from forgetless.bench.stats import Interval, mean_interval, separated
 from forgetless.bench.variants import Variant, run_folder_name, task_order
 from forgetless.config.loading import apply_override, validate_config
 from forgetless.config.schema import RunConfig
-from forgetless.methods import method_class
-from forgetless.training.checkpoint import atomic_write_json
+from forgetless.contract import method_class
+from forgetless.core.storage import atomic_write_json
 from forgetless.training.runner import Runner
 
 BENCH_FILE = "bench.json"

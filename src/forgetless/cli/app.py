@@ -46,7 +46,7 @@ def run(
 
     cfg = load_config(config, set_, preset)
     out_dir = out or Path("runs") / (config.stem if config else preset)
-    from forgetless.training.distributed import is_main_process
+    from forgetless.core.distributed import is_main_process
 
     results = Runner(
         cfg, out_dir, console, progress=not quiet, allow_config_change=allow_config_change
@@ -102,7 +102,7 @@ def _check_builtin_names(cfg: Any, source: str) -> None:
 @app.command()
 def methods() -> None:
     """List the registered forgetting-control methods and the capabilities they use."""
-    from forgetless.methods import registered_methods
+    from forgetless.contract import registered_methods
 
     table = Table("method", "capabilities", "description")
     for name, cls in sorted(registered_methods().items()):
@@ -137,7 +137,7 @@ def pretrain(
 ) -> None:
     """Build and pretrain the tiny base model on the base capabilities, under a seed."""
     from forgetless.config.loading import load_config
-    from forgetless.models.pretrain import cached_base_dir, pretrain_base
+    from forgetless.training.pretrain import cached_base_dir, pretrain_base
 
     cfg = load_config(config, set_, preset)
     folder = out or cached_base_dir(cfg.model)
@@ -175,7 +175,7 @@ def bench(
     from forgetless.bench.variants import parse_variant, pop_bench_section
     from forgetless.config.demo import DEMO_BENCH_METHODS
     from forgetless.config.loading import apply_override, config_data
-    from forgetless.methods import registered_methods
+    from forgetless.contract import registered_methods
     from forgetless.report.render import HEADERS, bench_table_rows, write_report
 
     data = dict(config_data(config, preset))

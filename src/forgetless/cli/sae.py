@@ -36,7 +36,7 @@ def _base_model(cfg: RunConfig, quiet: bool) -> tuple[Any, Any, torch.device, st
     import torch
 
     from forgetless.models.loading import load_model_and_tokenizer, resolve_source
-    from forgetless.models.pretrain import ensure_base_model
+    from forgetless.training.pretrain import ensure_base_model
 
     source = cfg.model.name_or_path or str(ensure_base_model(cfg.model, console, not quiet))
     source = resolve_source(source)
@@ -117,10 +117,10 @@ def train(
     SAE goes where an sae_fd run on the same base and settings looks for it, so a bench does not
     train it again.
     """
+    from forgetless.core.storage import atomic_dir
+    from forgetless.engine.progress import Progress
     from forgetless.sae.activations import fit_sae, model_fingerprint, shared_sae_dir
     from forgetless.sae.gated import save_sae
-    from forgetless.training.checkpoint import atomic_dir
-    from forgetless.training.progress import Progress
 
     cfg = _load_config(config, set_, preset)
     overrides = {

@@ -81,9 +81,15 @@ def format_validation_error(err: ValidationError, source: str) -> str:
     """All of a ValidationError on one line: ``source: field.path: message; ...``."""
     parts = []
     for item in err.errors():
-        loc = ".".join(str(p) for p in item["loc"] if not _is_union_tag(p)) or "<root>"
-        parts.append(f"{loc}: {item['msg']}")
+        loc = ".".join(_printable(p) for p in item["loc"] if not _is_union_tag(p)) or "<root>"
+        parts.append(f"{loc}: {' '.join(str(item['msg']).split())}")
     return f"{source}: " + "; ".join(parts)
+
+
+def _printable(part: Any) -> str:
+    """A location part as it reads on one line: a key with spaces or control characters quoted."""
+    text = str(part)
+    return text if text.isprintable() and text.strip() == text and text else repr(text)
 
 
 def _is_union_tag(part: Any) -> bool:

@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import (
     Discriminator,
     Field,
+    SerializeAsAny,
     Tag,
     field_validator,
     model_validator,
@@ -20,10 +21,8 @@ from forgetless.config.evaluation import (
     is_lm_eval_probe,
     scorer_shorthand,
 )
-from forgetless.methods import registered_methods
-from forgetless.methods.base import lora_rule_broken
-from forgetless.methods.seq_ft import SeqFTConfig
-from forgetless.strict import StrictModel
+from forgetless.core import registry
+from forgetless.strict import MethodConfig, StrictModel
 
 TASK_NAME = re.compile(r"\w[\w .+=@-]{0,99}")
 """A task's name names its checkpoint folder: no separators, no leading dot, no markup."""
@@ -249,11 +248,22 @@ def probe_names(probes: list[TaskConfig | LmEvalProbe]) -> list[str]:
     ]
 
 
-def _method_union() -> Any:
-    configs = tuple(cls.config_cls for cls in registered_methods().values())
-    if len(configs) == 1:
-        return configs[0]
-    return Annotated[Union[configs], Field(discriminator="name")]  # noqa: UP007
+def method_config(value: Any) -> MethodConfig:
+    """A method entry (a name, a mapping or a config) as its method's own config class, found
+    through the registry: only the named method's module is imported."""
+    if isinstance(value, MethodConfig):
+        return value
+    if isinstance(value, str):
+        value = {"name": value}
+    name = value.get("name") if isinstance(value, dict) else None
+    if not isinstance(name, str):
+        raise ValueError("needs a name: a method name or {name: ..., options}")
+    cls = registry.lookup(name)
+    if cls is None:
+        known = ", ".join(sorted(registry.all_methods()))
+        raise ValueError(f"unknown method {name!r}; known: {known}")
+    config: MethodConfig = cls.config_cls.model_validate(value)
+    return config
 
 
 class RunConfig(Strict):
@@ -275,25 +285,20 @@ class RunConfig(Strict):
     report_to: Literal["none", "tensorboard", "wandb", "mlflow", "trackio"] = Field(
         "none", description="Experiment tracker (through accelerate); none needs no install."
     )
-    method: _method_union() = Field(  # type: ignore[valid-type]
-        default_factory=lambda: SeqFTConfig(name="seq_ft"), description="Forgetting control."
+    method: SerializeAsAny[MethodConfig] = Field(
+        default_factory=lambda: method_config("seq_ft"),
+        description="Forgetting control: a method name, or {name: ..., its options}.",
     )
 
     @field_validator("method", mode="before")
     @classmethod
-    def _known_method(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            value = {"name": value}
-        name = value.get("name") if isinstance(value, dict) else getattr(value, "name", None)
-        if name is not None and (not isinstance(name, str) or name not in registered_methods()):
-            known = ", ".join(sorted(registered_methods()))
-            raise ValueError(f"unknown method {name!r}; known: {known}")
-        return value
+    def _resolve_method(cls, value: Any) -> MethodConfig:
+        return method_config(value)
 
     @model_validator(mode="after")
     def _method_fits_finetune(self) -> RunConfig:
-        method = registered_methods()[self.method.name]
-        broken = lora_rule_broken(method, self.finetune.mode, self.finetune.lora.regime)
+        method = registry.lookup(self.method.name)
+        broken = registry.lora_rule_broken(method, self.finetune.mode, self.finetune.lora.regime)
         if broken:
             raise ValueError(broken)
         return self

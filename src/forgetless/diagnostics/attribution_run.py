@@ -31,10 +31,11 @@ from forgetless.attribution.importance import (
 from forgetless.attribution.relevance import relevance_session
 from forgetless.config.loading import validate_config
 from forgetless.config.schema import RunConfig
+from forgetless.core.rundir import RunDir
+from forgetless.core.storage import atomic_write_json
 from forgetless.errors import ForgetlessError
 from forgetless.tasks.base import Task
 from forgetless.tasks.formatting import collate, encode_example
-from forgetless.training.checkpoint import atomic_write_json
 
 Maps = dict[str, torch.Tensor]
 _LAYER = re.compile(r"\.layers\.(\d+)\.")
@@ -70,7 +71,7 @@ def grouped_overlap(
 
 
 def load_run(run_dir: Path) -> tuple[RunConfig, dict[str, Any]]:
-    config_path, results_path = run_dir / "config.yaml", run_dir / "results.json"
+    config_path, results_path = RunDir(run_dir).config, RunDir(run_dir).results
     for path in (config_path, results_path):
         if not path.is_file():
             raise AttributionRunError(f"{run_dir}: missing {path.name}")
@@ -86,13 +87,12 @@ def checkpoint_model(
     """A fresh model with the run's state after task ``upto`` (1-based)."""
     from forgetless.models.adapters import Finetuner
     from forgetless.models.loading import load_model_and_tokenizer
-    from forgetless.models.pretrain import ensure_base_model
-    from forgetless.training.runner import checkpoint_dir
+    from forgetless.training.pretrain import ensure_base_model
 
     source = cfg.model.name_or_path or str(ensure_base_model(cfg.model, Console(quiet=True)))
     model, tokenizer = load_model_and_tokenizer(cfg.model, source)
     finetuner = Finetuner(model, cfg.finetune)
-    ckpts = [checkpoint_dir(run_dir, i, n) for i, n in enumerate(task_names[:upto], start=1)]
+    ckpts = RunDir(run_dir).task_checkpoints(task_names[:upto])
     missing = [c for c in ckpts if not c.is_dir()]
     if missing:
         raise AttributionRunError(f"{run_dir}: missing checkpoint {missing[0].name}")

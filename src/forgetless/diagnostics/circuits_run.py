@@ -20,6 +20,7 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM
 
+from forgetless.core.storage import temp_file_name
 from forgetless.diagnostics import circuit_metrics as cm
 from forgetless.diagnostics.circuits import (
     Batch,
@@ -31,7 +32,6 @@ from forgetless.diagnostics.circuits import (
 from forgetless.errors import DataError, ForgetlessError
 from forgetless.tasks.base import Example, Task
 from forgetless.tasks.formatting import collate, encode_example
-from forgetless.training.checkpoint import temp_file_name
 
 EPOCH_LABEL = re.compile(r"^(sft|rl)-epoch-(\d+)$")
 
@@ -204,7 +204,7 @@ def diagnose_circuits(
     max_length: int = 64,
 ) -> dict[str, Any]:
     """Circuits of every checkpoint against the first (the base); JSON, Markdown and plots."""
-    from forgetless.training.checkpoint import atomic_write_json, atomic_write_text
+    from forgetless.core.storage import atomic_write_json, atomic_write_text
 
     dbm, th = dbm or DBMSettings(), thresholds or Thresholds()
     task, corrupt_prompts = behaviour_task(behaviour_spec, n, seed)

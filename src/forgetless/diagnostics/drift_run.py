@@ -29,7 +29,7 @@ def diagnose_drift(
 ) -> dict[str, Any]:
     """Per checkpoint and probe: KL(p_base ‖ p_ckpt), KL(p_ckpt ‖ p_base) over the completion
     tokens of ``n`` probe examples (teacher-forced), and greedy exact-match accuracy."""
-    from forgetless.training.checkpoint import atomic_write_json
+    from forgetless.core.storage import atomic_write_json
 
     tasks = probe_tasks(probes, n, seed)
     base_logprobs: list[Any] = []

@@ -13,18 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
-DTYPE = torch.float64
+from forgetless.core.lowrank import DTYPE, LowRank, lora_scale, lora_update
 
-
-@dataclass(frozen=True)
-class LowRank:
-    """``Δ = left @ right`` with ``left`` ``m × k`` and ``right`` ``k × d``."""
-
-    left: torch.Tensor
-    right: torch.Tensor
-
-    def dense(self) -> torch.Tensor:
-        return self.left @ self.right
+__all__ = ["DTYPE", "LowRank", "lora_scale", "lora_update"]
 
 
 @dataclass(frozen=True)
@@ -45,16 +36,6 @@ class Geometry:
 def full_update(before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
     """Full fine-tuning: ``Δ = θ_after − θ_before`` in float64."""
     return after.to(DTYPE) - before.to(DTYPE)
-
-
-def lora_scale(alpha: float, r: int, use_rslora: bool = False) -> float:
-    """PEFT's scaling: ``α / r``, or ``α / √r`` under rsLoRA."""
-    return alpha / (r**0.5) if use_rslora else alpha / r
-
-
-def lora_update(lora_a: torch.Tensor, lora_b: torch.Tensor, scale: float) -> LowRank:
-    """LoRA's effective update ``s · B · A`` (``B`` ``m × r``, ``A`` ``r × d``), kept factored."""
-    return LowRank(lora_b.to(DTYPE) * scale, lora_a.to(DTYPE))
 
 
 def combine(terms: Sequence[tuple[float, LowRank]]) -> LowRank:

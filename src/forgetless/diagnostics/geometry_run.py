@@ -15,8 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
 
+from forgetless.core.rundir import RunDir
+from forgetless.core.storage import temp_file_name
+from forgetless.core.tensor_files import (
+    TIED,
+    WEIGHTS_FILE,
+    TensorFiles,
+    adapter_terms,
+)
 from forgetless.diagnostics.geometry import (
     Geometry,
     LowRank,
@@ -25,17 +32,11 @@ from forgetless.diagnostics.geometry import (
     full_update,
     geometry_from_dense,
     geometry_from_lowrank,
-    lora_scale,
-    lora_update,
     pairwise_conflict,
     state_conflict,
 )
 from forgetless.errors import ForgetlessError
-from forgetless.training.checkpoint import temp_file_name
 
-WEIGHTS_FILE = "model.safetensors"
-ADAPTER_FILE = "adapter_model.safetensors"
-TIED = {"lm_head.weight": "model.embed_tokens.weight"}
 SIGNALS = (
     "update_norm",
     "pairwise_conflict",
@@ -65,7 +66,7 @@ class TaskAccumulator:
 
 
 def load_results(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / "results.json"
+    path = RunDir(run_dir).results
     if not path.is_file():
         raise GeometryError(f"{run_dir}: no results.json")
     data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
@@ -83,8 +84,7 @@ def retention_changes(matrix: list[list[float]]) -> list[float | None]:
 
 
 def checkpoints(run_dir: Path, tasks: list[str], done: int) -> list[Path]:
-    folders = [run_dir / "checkpoints" / f"task-{i:02d}-{n}" for i, n in enumerate(tasks, 1)]
-    folders = folders[:done]
+    folders = RunDir(run_dir).task_checkpoints(tasks[:done])
     for folder in folders:
         if not folder.is_dir():
             raise GeometryError(f"{run_dir}: missing checkpoint {folder.name}")
@@ -95,7 +95,7 @@ def base_weight_files(config: dict[str, Any]) -> list[Path]:
     """The base model's safetensors files (the cached tiny base when ``name_or_path`` is null)."""
     from forgetless.config.schema import ModelConfig
     from forgetless.models.loading import resolve_source
-    from forgetless.models.pretrain import cached_base_dir
+    from forgetless.training.pretrain import cached_base_dir
 
     name = config["model"].get("name_or_path")
     if name is None:
@@ -111,25 +111,6 @@ def base_weight_files(config: dict[str, Any]) -> list[Path]:
     if not files:
         raise GeometryError(f"base model {folder}: no safetensors weights")
     return files
-
-
-class TensorFiles:
-    """Lazy, per-key reads from one or several safetensors files."""
-
-    def __init__(self, files: list[Path]) -> None:
-        self.where: dict[str, Path] = {}
-        for path in files:
-            with safe_open(str(path), framework="pt") as handle:
-                for key in handle.keys():  # noqa: SIM118 (safe_open is not a dict)
-                    self.where[key] = path
-
-    def names(self) -> list[str]:
-        return list(self.where)
-
-    def get(self, key: str) -> torch.Tensor:
-        with safe_open(str(self.where[key]), framework="pt") as handle:
-            tensor: torch.Tensor = handle.get_tensor(key)
-        return tensor
 
 
 def _full_layers(
@@ -155,30 +136,12 @@ def _full_layers(
         yield updates, prior, norms
 
 
-def _adapter_terms(folder: Path) -> dict[str, LowRank]:
-    """``module → s·B·A`` for one adapter folder in PEFT's layout."""
-    cfg = json.loads((folder / "adapter_config.json").read_text(encoding="utf-8"))
-    tensors = TensorFiles([folder / ADAPTER_FILE])
-    out: dict[str, LowRank] = {}
-    for key in tensors.names():
-        if ".lora_A." not in key:
-            continue
-        module = key.split(".lora_A.")[0]
-        r = int(cfg["rank_pattern"].get(module, cfg["r"])) if cfg.get("rank_pattern") else cfg["r"]
-        alpha = float(cfg.get("lora_alpha", r))
-        scale = lora_scale(alpha, int(r), bool(cfg.get("use_rslora", False)))
-        out[module] = lora_update(
-            tensors.get(key), tensors.get(key.replace("lora_A", "lora_B")), scale
-        )
-    return out
-
-
 def _lora_layers(
     ckpts: list[Path], regime: str
 ) -> Iterator[tuple[list[Geometry], list[Geometry | None], list[float]]]:
     """The same for LoRA: Δ_t and Δ_state as exact low-rank sums of adapters."""
     per_ckpt = [
-        {p.name: _adapter_terms(p) for p in sorted((c / "adapters").iterdir())} for c in ckpts
+        {p.name: adapter_terms(p) for p in sorted((c / "adapters").iterdir())} for c in ckpts
     ]
     # own[t]: the adapters task t added; cumulative[t]: those making up θ_t − θ_base.
     own: list[dict[str, LowRank]] = []
@@ -356,7 +319,7 @@ def plot_conflict(rows: list[dict[str, Any]], path: Path) -> Path:
 
 def diagnose_runs(run_dirs: list[Path], out: Path | None = None, rank: int = 64) -> dict[str, Any]:
     """Rows of every run and pooled correlations, written to ``out`` (default: first run)."""
-    from forgetless.training.checkpoint import atomic_write_json
+    from forgetless.core.storage import atomic_write_json
 
     rows: list[dict[str, Any]] = []
     for run_dir in run_dirs:

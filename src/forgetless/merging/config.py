@@ -13,15 +13,12 @@ method: {name: ties, density: 0.2, scaling: 1.0}
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
 from forgetless.errors import ConfigError
 from forgetless.strict import StrictModel
-
-if TYPE_CHECKING:
-    from forgetless.experimental.gcwm import GCWMOptions
 
 
 class Strict(StrictModel):
@@ -79,11 +76,11 @@ class GCWMParams(BaseModel):
     max_iter: int = Field(50, ge=1, description="Barycenter fixed-point iterations at most.")
     tol: float = Field(1e-6, gt=0, description="Barycenter stop: relative Frobenius change.")
 
-    def options(self) -> GCWMOptions:
-        """The math-level options (imports the experimental module, which warns once)."""
-        from forgetless.experimental.gcwm import GCWMOptions
+    def options(self) -> Any:
+        """The math-level ``GCWMOptions`` (imports the experimental module, which warns once)."""
+        from forgetless.merging import experimental_gcwm
 
-        return GCWMOptions(
+        return experimental_gcwm().GCWMOptions(
             metric=self.metric,
             conflict_cancellation=self.conflict_cancellation,
             gate_direction=self.gate_direction,

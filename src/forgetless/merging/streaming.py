@@ -18,9 +18,12 @@ from typing import Any, BinaryIO
 
 import torch
 
-from forgetless.diagnostics.geometry import LowRank
-from forgetless.diagnostics.geometry_run import TIED, TensorFiles, _adapter_terms
+from forgetless.core.dtypes import DTYPES
+from forgetless.core.lowrank import LowRank
+from forgetless.core.storage import temp_file_name
+from forgetless.core.tensor_files import TIED, WEIGHTS_FILE, TensorFiles, adapter_terms
 from forgetless.errors import ConfigError
+from forgetless.merging import experimental_gcwm
 from forgetless.merging.config import (
     DareMerge,
     GCWMMerge,
@@ -33,9 +36,7 @@ from forgetless.merging.dare import dare
 from forgetless.merging.opcm import opcm_accumulate, opcm_lambda
 from forgetless.merging.task_arithmetic import COMPUTE, task_vector, weighted_sum
 from forgetless.merging.ties import ties_merge
-from forgetless.training.checkpoint import temp_file_name
 
-WEIGHTS_FILE = "model.safetensors"
 COPIED = (
     "config.json",
     "generation_config.json",
@@ -60,7 +61,6 @@ ST_DTYPES = {
     torch.uint8: "U8",
     torch.bool: "BOOL",
 }
-OUT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 Delta = torch.Tensor | LowRank
 
 
@@ -154,7 +154,7 @@ class TaskSource:
         """Base tensors this task's update changes (counted during the merge)."""
         if self.is_adapter:
             try:
-                terms = _adapter_terms(folder)
+                terms = adapter_terms(folder)
             except (KeyError, ValueError, OSError) as err:
                 raise ConfigError(f"{folder}: unreadable adapter ({err})") from None
             self.terms = {adapter_key(m): t for m, t in terms.items()}
@@ -273,17 +273,13 @@ def merge_update(
     plain = weighted_sum([dense(d, base) for d in deltas], weights)
     if not is_layer_matrix(name, base):
         return plain
-    from forgetless.experimental.gcwm import gcwm_layer
-
     factored = [_factored(d, base, method.rank) for d in deltas]
-    layer = gcwm_layer(factored, weights, method.options())
+    layer = experimental_gcwm().gcwm_layer(factored, weights, method.options())
     stats.layers[name] = {"conflict": layer.conflict, "gate": layer.gate}
     return plain + layer.correction.dense().to(COMPUTE)
 
 
 def _factored(delta: Delta | None, base: torch.Tensor, rank: int) -> LowRank:
-    from forgetless.experimental.gcwm import truncate
-
     if isinstance(delta, LowRank):
         return delta
     if delta is None:
@@ -291,7 +287,8 @@ def _factored(delta: Delta | None, base: torch.Tensor, rank: int) -> LowRank:
         return LowRank(
             torch.zeros(m, 0, dtype=torch.float64), torch.zeros(0, d, dtype=torch.float64)
         )
-    return truncate(delta, rank)[0]
+    factored: LowRank = experimental_gcwm().truncate(delta, rank)[0]
+    return factored
 
 
 def _opcm_layer(
@@ -346,7 +343,7 @@ def stream_merge(
     out.mkdir(parents=True, exist_ok=True)
     copy_model_files(cfg.base_model, out)
     specs = _specs(base)
-    out_dtype = OUT_DTYPES.get(cfg.dtype)
+    out_dtype = DTYPES.get(cfg.dtype)
     specs = [(n, out_dtype if out_dtype and d.is_floating_point else d, s) for n, d, s in specs]
     stats, scale = MergeStats(), 1.0
     method = cfg.method

@@ -15,6 +15,19 @@ from pydantic import Field
 from torch import nn
 from transformers import AutoModelForCausalLM
 
+from forgetless.contract.method import (
+    Batch,
+    Capability,
+    LossFn,
+    Method,
+    MethodConfig,
+    Stage,
+    StepContext,
+    TaskContext,
+    register_method,
+)
+from forgetless.engine.loop import TrainStats, steps_for_epochs
+from forgetless.engine.resources import peak_memory_mb
 from forgetless.errors import ConfigError, ModelLoadError, TrainingError
 from forgetless.methods.anchored_math import (
     Space,
@@ -26,21 +39,8 @@ from forgetless.methods.anchored_math import (
     kl_per_position,
     topk_anchor,
 )
-from forgetless.methods.base import (
-    Batch,
-    Capability,
-    LossFn,
-    Method,
-    MethodConfig,
-    Stage,
-    StepContext,
-    TaskContext,
-    register_method,
-)
 from forgetless.methods.kl_sft import freeze
 from forgetless.tasks.formatting import IGNORE_INDEX, Features, collate
-from forgetless.training.loop import TrainStats, steps_for_epochs
-from forgetless.training.resources import peak_memory_mb
 
 _DEFAULTS = "the public re-implementation cited in the toolkit's Anchored Learning issue"
 
@@ -171,7 +171,7 @@ def _finite(value: float) -> float | None:
 
 
 @register_method
-class Anchored(Method):
+class Anchored(Method[AnchoredConfig]):
     """Anchored Learning ("Stabilizing LLM Supervised Fine-Tuning via Explicit Distributional
     Control"; summary in shared/papers/002). Per task: a frozen SFT reference p_sft (trained once
     on the task data through the shared loop, or loaded); then T outer iterations, each forming
@@ -192,13 +192,11 @@ class Anchored(Method):
     config_cls = AnchoredConfig
     capabilities = frozenset({Capability.TRAIN_STAGE})
 
-    def __init__(self, config: MethodConfig) -> None:
+    def __init__(self, config: AnchoredConfig) -> None:
         super().__init__(config)
-        assert isinstance(config, AnchoredConfig)
-        self.cfg = config
 
     def train_task(self, stage: Stage) -> TrainStats:
-        cfg, ctx, start = self.cfg, stage.ctx, time.perf_counter()
+        cfg, ctx, start = self.config, stage.ctx, time.perf_counter()
         if cfg.alpha == 0.0:
             # q_t = p_θ(t): the student already is its anchor; an optimizer fed rounding noise
             # would still move the weights, so nothing is trained.
@@ -274,7 +272,7 @@ class Anchored(Method):
 
     def _reference(self, stage: Stage) -> tuple[nn.Module, TrainStats | None, dict[str, Any]]:
         """The frozen p_sft of this task: loaded, or SFT of a copy on the task's own plan."""
-        cfg, ctx = self.cfg, stage.ctx
+        cfg, ctx = self.config, stage.ctx
         tick = time.perf_counter()
         if cfg.reference_path is not None:
             path = cfg.reference_path.format(task=ctx.task.name, index=ctx.task_index)
@@ -317,7 +315,7 @@ class Anchored(Method):
         return old
 
     def _park(self, module: nn.Module) -> nn.Module:
-        return module.to("cpu") if self.cfg.offload_frozen else module
+        return module.to("cpu") if self.config.offload_frozen else module
 
     @contextlib.contextmanager
     def _on(self, module: nn.Module | None, device: torch.device) -> Iterator[None]:
@@ -342,7 +340,7 @@ class Anchored(Method):
         """One no-grad pass over the task data: the cache of q_t (if ``build``), the bound and
         anchor KL at the student's current θ, and, given the snapshot θ(t−1), the realised step
         and residual of the iteration that just ended. Sums are token means."""
-        cfg, ctx = self.cfg, stage.ctx
+        cfg, ctx = self.config, stage.ctx
         model, size = ctx.model, cfg.cache_batch_size or stage.plan.batch_size
         keys = ("bound", "anchor_kl", "tail_mass", "step_kl", "residual_kl")
         sums, tokens = dict.fromkeys(keys, 0.0), 0

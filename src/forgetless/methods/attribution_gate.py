@@ -17,7 +17,7 @@ from forgetless.attribution.importance import (
     keep_factor,
 )
 from forgetless.attribution.relevance import relevance_session
-from forgetless.methods.base import (
+from forgetless.contract.method import (
     Capability,
     Method,
     MethodConfig,
@@ -29,9 +29,8 @@ from forgetless.methods.base import (
     register_method,
     trainable_parameters,
 )
+from forgetless.core.dtypes import DTYPES
 from forgetless.tasks.formatting import collate
-
-MAP_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
 class AttributionGateConfig(MethodConfig):
@@ -63,7 +62,7 @@ class AttributionGateConfig(MethodConfig):
 
 
 @register_method
-class AttributionGate(Method):
+class AttributionGate(Method[AttributionGateConfig]):
     """Attribution-guided continual fine-tuning (Liu et al. 2026, "Attribution-Guided Continual
     Learning for Large Language Models", arXiv:2605.05285). After each task, parameter relevance
     (``θ ⊙ ∂θ`` under AttnLRP's rules, ``forgetless.attribution``) of the predicted logits of the
@@ -87,24 +86,22 @@ class AttributionGate(Method):
     )
     reduce_ops: ClassVar[Mapping[str, ReduceOp]] = {"importance": "max"}
 
-    def __init__(self, config: MethodConfig) -> None:
+    def __init__(self, config: AttributionGateConfig) -> None:
         super().__init__(config)
-        assert isinstance(config, AttributionGateConfig)
-        self.cfg = config
         self.importance: dict[str, torch.Tensor] = {}
         self.tasks_seen = 0
         self._gated: list[tuple[str, nn.Parameter, torch.Tensor]] = []
 
     def register_hooks(self, ctx: TaskContext) -> list[torch.utils.hooks.RemovableHandle]:
         self._gated = self._gate_factors(ctx.model)
-        if self.cfg.gate != "gradient":
+        if self.config.gate != "gradient":
             return []
         return [param.register_hook(_scaler(keep)) for _, param, keep in self._gated]
 
     def gate_update(
         self, model: nn.Module, pre_step: dict[str, torch.Tensor], ctx: StepContext
     ) -> None:
-        if self.cfg.gate != "update":
+        if self.config.gate != "update":
             return
         for name, param, keep in self._gated:
             gate_update_(param, pre_step[name], keep)
@@ -112,9 +109,9 @@ class AttributionGate(Method):
     def on_task_end(self, ctx: TaskEndContext) -> None:
         task = ctx.task
         names = set(trainable_parameters(task.model))
-        accumulator = MapAccumulator(self.cfg.top_fraction, self.cfg.log_scale)
+        accumulator = MapAccumulator(self.config.top_fraction, self.config.log_scale)
         gen = torch.Generator().manual_seed(task.run.seed * 1000 + task.task_index)
-        order = torch.randperm(len(task.train_features), generator=gen)[: self.cfg.max_samples]
+        order = torch.randperm(len(task.train_features), generator=gen)[: self.config.max_samples]
         start = time.perf_counter()
         with relevance_session(task.model, names) as score:
             for i in order.tolist():
@@ -123,7 +120,7 @@ class AttributionGate(Method):
                 if result.correct:
                     accumulator.add(result.relevance)
         seconds = time.perf_counter() - start
-        dtype = MAP_DTYPES[self.cfg.map_dtype]
+        dtype = DTYPES[self.config.map_dtype]
         new = {n: m.to(dtype).cpu() for n, m in accumulator.mean().items()}
         self.importance = historical_max(self.importance, new)
         self.tasks_seen += 1

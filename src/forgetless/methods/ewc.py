@@ -9,7 +9,7 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from forgetless.methods.base import (
+from forgetless.contract.method import (
     Batch,
     Capability,
     Method,
@@ -21,8 +21,8 @@ from forgetless.methods.base import (
     register_method,
     trainable_parameters,
 )
+from forgetless.engine.loop import causal_lm_loss
 from forgetless.tasks.formatting import Features, collate
-from forgetless.training.loop import causal_lm_loss
 
 Tensors = Mapping[str, torch.Tensor]
 
@@ -96,7 +96,7 @@ class EWCConfig(MethodConfig):
 
 
 @register_method
-class EWC(Method):
+class EWC(Method[EWCConfig]):
     """Elastic weight consolidation (Kirkpatrick et al. 2017, "Overcoming catastrophic forgetting
     in neural networks", PNAS), in the online form of Schwarz et al. 2018 ("Progress & Compress"):
     one diagonal Fisher ``F ← γ·F_old + F_new`` and one anchor θ* (the weights after the latest
@@ -111,10 +111,8 @@ class EWC(Method):
     capabilities = frozenset({Capability.LOSS_TERMS, Capability.TASK_END, Capability.STATE})
     reduce_ops: ClassVar[Mapping[str, ReduceOp]] = {"fisher": "mean"}
 
-    def __init__(self, config: MethodConfig) -> None:
+    def __init__(self, config: EWCConfig) -> None:
         super().__init__(config)
-        assert isinstance(config, EWCConfig)
-        self.cfg = config
         self.fisher: dict[str, torch.Tensor] = {}
         self.anchor: dict[str, torch.Tensor] = {}
 
@@ -126,16 +124,20 @@ class EWC(Method):
         live = {n: f for n, f in self.fisher.items() if n in params}
         if not live:
             return {"ewc": outputs.logits.new_zeros((), dtype=torch.float32)}
-        return {"ewc": ewc_penalty(params, live, self.anchor, self.cfg.lam)}
+        return {"ewc": ewc_penalty(params, live, self.anchor, self.config.lam)}
 
     def on_task_end(self, ctx: TaskEndContext) -> None:
         task = ctx.task
         gen = torch.Generator().manual_seed(task.run.seed * 1000 + task.task_index)
-        order = torch.randperm(len(task.train_features), generator=gen)[: self.cfg.fisher_samples]
+        order = torch.randperm(len(task.train_features), generator=gen)[
+            : self.config.fisher_samples
+        ]
         sample = [task.train_features[i] for i in order.tolist()]
         pad_id = task.tokenizer.pad_token_id
-        new = empirical_fisher(task.model, sample, pad_id, self.cfg.fisher_batch_size, task.device)
-        self.fisher = online_fisher(self.fisher, new, self.cfg.gamma)
+        new = empirical_fisher(
+            task.model, sample, pad_id, self.config.fisher_batch_size, task.device
+        )
+        self.fisher = online_fisher(self.fisher, new, self.config.gamma)
         self.anchor = {n: p.detach().clone() for n, p in trainable_parameters(task.model).items()}
 
     def state_dict(self) -> MethodState:

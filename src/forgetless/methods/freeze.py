@@ -12,8 +12,14 @@ from typing import Literal
 
 from pydantic import Field
 
+from forgetless.contract.method import (
+    Capability,
+    Method,
+    MethodConfig,
+    TaskContext,
+    register_method,
+)
 from forgetless.errors import ConfigError
-from forgetless.methods.base import Capability, Method, MethodConfig, TaskContext, register_method
 
 LAYER_PATTERN = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 """Decoder layers as Llama, Qwen2 and Mistral name them: ``...model.layers.<i>.<...>``."""
@@ -68,7 +74,7 @@ class FreezeConfig(MethodConfig):
 
 
 @register_method
-class Freeze(Method):
+class Freeze(Method[FreezeConfig]):
     """Layer freezing, the heuristic baseline that parameter-selective methods compare against.
 
     Named as a baseline (freezing specific layers) by attribution-guided continual fine-tuning
@@ -83,10 +89,8 @@ class Freeze(Method):
     config_cls = FreezeConfig
     capabilities = frozenset({Capability.TASK_START})
 
-    def __init__(self, config: MethodConfig) -> None:
+    def __init__(self, config: FreezeConfig) -> None:
         super().__init__(config)
-        assert isinstance(config, FreezeConfig)
-        self.cfg = config
 
     def on_task_start(self, ctx: TaskContext) -> None:
         named = list(ctx.model.named_parameters())
@@ -98,12 +102,12 @@ class Freeze(Method):
             )
         try:
             chosen = trainable_layer_ids(
-                max(present) + 1, self.cfg.train_top_layers, self.cfg.layers
+                max(present) + 1, self.config.train_top_layers, self.config.layers
             )
         except ValueError as err:
             raise ConfigError(f"method 'freeze': {err}") from None
         for (_, param), layer in zip(named, ids, strict=True):
-            outside = layer not in chosen if layer is not None else self.cfg.freeze_embeddings
+            outside = layer not in chosen if layer is not None else self.config.freeze_embeddings
             if outside:
                 param.requires_grad = False
         if not any(p.requires_grad for _, p in named):

@@ -6,10 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from forgetless.diagnostics.geometry import LowRank
-from forgetless.merging.config import GCWMParams
-from forgetless.merging.continual import Tensors, train_then_merge
-from forgetless.methods.base import (
+from forgetless.contract.method import (
     Capability,
     Method,
     MethodConfig,
@@ -17,7 +14,10 @@ from forgetless.methods.base import (
     Stage,
     register_method,
 )
-from forgetless.training.loop import TrainStats
+from forgetless.diagnostics.geometry import LowRank
+from forgetless.engine.loop import TrainStats
+from forgetless.merging.config import GCWMParams
+from forgetless.methods.continual_merge import Tensors, train_then_merge
 
 
 class GCWMConfig(MethodConfig, GCWMParams):
@@ -35,7 +35,7 @@ def _is_matrix(name: str, shape: tuple[int, ...]) -> bool:
 
 
 @register_method
-class GCWM(Method):
+class GCWM(Method[GCWMConfig]):
     """GCWM, from "Geometry Conflict: Explaining and Controlling Forgetting in LLM Continual
     Post-Training" (experimental: ``forgetless.experimental.gcwm``, docs/merging.md). Task t
     trains from the merged state; per weight matrix the updates Δ_1..Δ_t of the active tasks
@@ -50,10 +50,8 @@ class GCWM(Method):
     config_cls = GCWMConfig
     capabilities = frozenset({Capability.TRAIN_STAGE, Capability.STATE})
 
-    def __init__(self, config: MethodConfig) -> None:
+    def __init__(self, config: GCWMConfig) -> None:
         super().__init__(config)
-        assert isinstance(config, GCWMConfig)
-        self.cfg = config
         self.updates: list[dict[str, dict[str, Any]]] = []
         self.correction: dict[str, dict[str, Any]] = {}
 
@@ -63,18 +61,18 @@ class GCWM(Method):
         def increment(deltas: Tensors, _: Stage) -> Tensors:
             from forgetless.experimental.gcwm import gcwm_layer, truncate
 
-            opts = self.cfg.options()
+            opts = self.config.options()
             own: dict[str, dict[str, Any]] = {}
             out, conflicts, gates = {}, [], []
             for name, delta in deltas.items():
-                out[name] = self.cfg.scaling * delta
+                out[name] = self.config.scaling * delta
                 if not _is_matrix(name, tuple(delta.shape)):
                     continue
-                factors = truncate(delta.cpu(), self.cfg.rank)[0]
+                factors = truncate(delta.cpu(), self.config.rank)[0]
                 own[name] = {"left": factors.left, "right": factors.right}
                 history = [LowRank(u[name]["left"], u[name]["right"]) for u in self.updates]
                 layer = gcwm_layer(
-                    [*history, factors], [self.cfg.scaling] * (len(history) + 1), opts
+                    [*history, factors], [self.config.scaling] * (len(history) + 1), opts
                 )
                 change = layer.correction.dense()
                 if name in self.correction:

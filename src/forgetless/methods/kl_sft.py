@@ -8,9 +8,7 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from forgetless.errors import ModelLoadError
-from forgetless.eval import metrics
-from forgetless.methods.base import (
+from forgetless.contract.method import (
     Batch,
     Capability,
     Method,
@@ -19,6 +17,8 @@ from forgetless.methods.base import (
     TaskContext,
     register_method,
 )
+from forgetless.errors import ModelLoadError
+from forgetless.eval import metrics
 from forgetless.tasks.formatting import IGNORE_INDEX
 
 Direction = Literal["model_to_base", "base_to_model"]
@@ -67,7 +67,7 @@ class KLSFTConfig(MethodConfig):
 
 
 @register_method
-class KLSFT(Method):
+class KLSFT(Method[KLSFTConfig]):
     """KL-SFT, a baseline of Anchored Learning ("Stabilizing LLM Supervised Fine-Tuning via
     Explicit Distributional Control"; summary in shared/papers/002): the task's cross-entropy
     plus ``β · mean_t KL(p_θ(·|x_<t) ‖ p_base(·|x_<t))`` over completion tokens, a *static*
@@ -85,10 +85,8 @@ class KLSFT(Method):
     config_cls = KLSFTConfig
     capabilities = frozenset({Capability.TASK_START, Capability.LOSS_TERMS})
 
-    def __init__(self, config: MethodConfig) -> None:
+    def __init__(self, config: KLSFTConfig) -> None:
         super().__init__(config)
-        assert isinstance(config, KLSFTConfig)
-        self.cfg = config
         self.reference: nn.Module | None = None
 
     def on_task_start(self, ctx: TaskContext) -> None:
@@ -106,5 +104,5 @@ class KLSFT(Method):
                 input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
             )
         mask = batch["labels"][:, 1:] != IGNORE_INDEX
-        kl = token_kl(outputs.logits[:, :-1], ref.logits[:, :-1], mask, self.cfg.direction)
-        return {"kl_sft": self.cfg.beta * kl}
+        kl = token_kl(outputs.logits[:, :-1], ref.logits[:, :-1], mask, self.config.direction)
+        return {"kl_sft": self.config.beta * kl}

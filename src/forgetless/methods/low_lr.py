@@ -6,8 +6,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from forgetless.methods.base import Capability, Method, MethodConfig, Stage, register_method
-from forgetless.training.loop import TrainStats
+from forgetless.contract.method import Capability, Method, MethodConfig, Stage, register_method
+from forgetless.engine.loop import TrainStats
 
 
 def scaled_lr(lr: float, lr_scale: float) -> float:
@@ -26,7 +26,7 @@ class LowLRConfig(MethodConfig):
 
 
 @register_method
-class LowLR(Method):
+class LowLR(Method[LowLRConfig]):
     """Low-SFT, a baseline of Anchored Learning ("Stabilizing LLM Supervised Fine-Tuning via
     Explicit Distributional Control"; summary in shared/papers/002): plain SFT whose learning
     rate is scaled down, trading target-task gain for stability (the paper finds it keeps
@@ -38,10 +38,8 @@ class LowLR(Method):
     config_cls = LowLRConfig
     capabilities = frozenset({Capability.TRAIN_STAGE})
 
-    def __init__(self, config: MethodConfig) -> None:
+    def __init__(self, config: LowLRConfig) -> None:
         super().__init__(config)
-        assert isinstance(config, LowLRConfig)
-        self.cfg = config
 
     def train_task(self, stage: Stage) -> TrainStats:
-        return stage.sft(lr=scaled_lr(stage.plan.lr, self.cfg.lr_scale))
+        return stage.sft(lr=scaled_lr(stage.plan.lr, self.config.lr_scale))

@@ -7,10 +7,10 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from forgetless.methods.base import Capability, Method, MethodConfig, Stage, register_method
+from forgetless.contract.method import Capability, Method, MethodConfig, Stage, register_method
+from forgetless.engine.loop import TrainStats
 from forgetless.tasks.base import Task
 from forgetless.tasks.formatting import Features, encode_example
-from forgetless.training.loop import TrainStats
 
 # --- pure data -----------------------------------------------------------------------------------
 
@@ -33,7 +33,7 @@ class MTLConfig(MethodConfig):
 
 
 @register_method
-class MTL(Method):
+class MTL(Method[MTLConfig]):
     """Joint multi-task training (MTL): not continual, the reference continual methods aim for.
 
     The non-sequential upper bound of the continual-learning literature (e.g. Lopez-Paz & Ranzato

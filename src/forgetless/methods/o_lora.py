@@ -15,7 +15,7 @@ from peft.tuners.lora import LoraLayer
 from pydantic import Field
 from torch import Tensor, nn
 
-from forgetless.methods.base import (
+from forgetless.contract.method import (
     Capability,
     Method,
     MethodConfig,
@@ -96,7 +96,7 @@ class OLoRAConfig(MethodConfig):
 
 
 @register_method
-class OLoRA(Method):
+class OLoRA(Method[OLoRAConfig]):
     """Orthogonal subspace learning for continual learning (Wang et al., 2023).
 
     X. Wang, T. Chen, Q. Ge, H. Xia, R. Bao, R. Zheng, Q. Zhang, T. Gui, X. Huang, "Orthogonal
@@ -114,10 +114,8 @@ class OLoRA(Method):
     capabilities = frozenset({Capability.TASK_START, Capability.LOSS_TERMS})
     lora_regimes = ("per_task",)
 
-    def __init__(self, config: MethodConfig) -> None:
+    def __init__(self, config: OLoRAConfig) -> None:
         super().__init__(config)
-        assert isinstance(config, OLoRAConfig)
-        self.cfg = config
         self._new: list[Tensor] = []
         self._past: list[list[Tensor]] = []
         self._new_params: list[Tensor] = []
@@ -145,6 +143,6 @@ class OLoRA(Method):
         if not self._new:
             raise RuntimeError("o_lora: loss_terms called before on_task_start")
         return {
-            "orthogonality": self.cfg.lambda_orth * orthogonality_loss(self._new, self._past),
-            "l2": self.cfg.lambda_l2 * l2_loss(self._new_params),
+            "orthogonality": self.config.lambda_orth * orthogonality_loss(self._new, self._past),
+            "l2": self.config.lambda_l2 * l2_loss(self._new_params),
         }

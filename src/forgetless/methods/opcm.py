@@ -7,9 +7,7 @@ from typing import Any, Literal
 import torch
 from pydantic import Field
 
-from forgetless.merging.continual import Tensors, train_then_merge
-from forgetless.merging.opcm import opcm_accumulate, opcm_lambda
-from forgetless.methods.base import (
+from forgetless.contract.method import (
     Capability,
     Method,
     MethodConfig,
@@ -17,7 +15,9 @@ from forgetless.methods.base import (
     Stage,
     register_method,
 )
-from forgetless.training.loop import TrainStats
+from forgetless.engine.loop import TrainStats
+from forgetless.merging.opcm import opcm_accumulate, opcm_lambda
+from forgetless.methods.continual_merge import Tensors, train_then_merge
 
 
 class OPCMConfig(MethodConfig):
@@ -37,7 +37,7 @@ def _projects(name: str, tensor: torch.Tensor) -> bool:
 
 
 @register_method
-class OPCM(Method):
+class OPCM(Method[OPCMConfig]):
     """OPCM (Tang et al. 2025, "Merging Models on the Fly Without Retraining: A Sequential
     Approach to Scalable Continual Model Merging", arXiv:2501.09522) run continually: task t
     trains from the merged state; per weight matrix its update is projected onto the orthogonal
@@ -51,10 +51,8 @@ class OPCM(Method):
     config_cls = OPCMConfig
     capabilities = frozenset({Capability.TRAIN_STAGE, Capability.STATE})
 
-    def __init__(self, config: MethodConfig) -> None:
+    def __init__(self, config: OPCMConfig) -> None:
         super().__init__(config)
-        assert isinstance(config, OPCMConfig)
-        self.cfg = config
         self.accumulated: Tensors = {}
         self.task_norms: list[float] = []
         self.lam = 1.0
@@ -68,7 +66,7 @@ class OPCM(Method):
                 n: opcm_accumulate(
                     self.accumulated[n].to(d.device) if n in self.accumulated else None,
                     d,
-                    self.cfg.alpha,
+                    self.config.alpha,
                     _projects(n, d),
                 )
                 for n, d in deltas.items()

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from forgetless.methods.base import (
+from forgetless.contract.method import (
     Capability,
     Method,
     MethodConfig,
@@ -101,7 +101,7 @@ class ReplayConfig(MethodConfig):
 
 
 @register_method
-class Replay(Method):
+class Replay(Method[ReplayConfig]):
     """Experience replay with a reservoir-sampled episodic memory.
 
     Rolnick et al. 2019, "Experience Replay for Continual Learning" (NeurIPS): mix stored
@@ -120,9 +120,8 @@ class Replay(Method):
     config_cls = ReplayConfig
     capabilities = frozenset({Capability.BATCH_TRANSFORM, Capability.TASK_END, Capability.STATE})
 
-    def __init__(self, config: MethodConfig) -> None:
+    def __init__(self, config: ReplayConfig) -> None:
         super().__init__(config)
-        self.cfg: ReplayConfig = ReplayConfig.model_validate(config.model_dump())
         self.buffer: list[Features] = []
         self.seen = 0
         self._step_key: tuple[int, int] | None = None
@@ -132,15 +131,15 @@ class Replay(Method):
         key = (ctx.task.task_index, ctx.step)
         self._micro = self._micro + 1 if key == self._step_key else 0  # grad-accum micro-batches
         self._step_key = key
-        rng = seeded_rng("replay", ctx.task.run.seed, self.cfg.seed, *key, self._micro)
-        return mix_batch(features, self.buffer, self.cfg.ratio, rng)
+        rng = seeded_rng("replay", ctx.task.run.seed, self.config.seed, *key, self._micro)
+        return mix_batch(features, self.buffer, self.config.ratio, rng)
 
     def on_task_end(self, ctx: TaskEndContext) -> None:
         task = ctx.task
-        rng = seeded_rng("reservoir", task.run.seed, self.cfg.seed, task.task_index)
+        rng = seeded_rng("reservoir", task.run.seed, self.config.seed, task.task_index)
         items = (copy_features(f) for f in task.train_features)
         self.buffer, self.seen = reservoir_update(
-            self.buffer, self.seen, items, self.cfg.buffer_size, rng
+            self.buffer, self.seen, items, self.config.buffer_size, rng
         )
 
     def state_dict(self) -> MethodState:

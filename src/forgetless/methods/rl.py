@@ -14,11 +14,11 @@ from pydantic import Field
 from torch import nn
 from transformers import PrinterCallback, TrainerCallback
 
+from forgetless.contract.method import Capability, Method, MethodConfig, Stage, register_method
+from forgetless.engine.loop import TrainStats, steps_for_epochs
+from forgetless.engine.resources import peak_memory_mb
 from forgetless.errors import ConfigError
-from forgetless.methods.base import Capability, Method, MethodConfig, Stage, register_method
 from forgetless.tasks.base import Scorer, Task
-from forgetless.training.loop import TrainStats, steps_for_epochs
-from forgetless.training.resources import peak_memory_mb
 
 EPOCHS_DIR = "epochs"
 _DR_GRPO = "Dr.GRPO (Liu et al. 2025, 'Understanding R1-Zero-Like Training')"
@@ -158,7 +158,7 @@ def _import_trl() -> Any:
 
 
 @register_method
-class RL(Method):
+class RL(Method[RLConfig]):
     """Base → SFT → RL per task, after "Mechanistic origins of catastrophic forgetting: why RL
     preserves circuits better than SFT?" (summary in shared/papers/000): SFT through the shared
     loop (optional), then Dr.GRPO (Liu et al. 2025) with TRL's ``GRPOTrainer``
@@ -176,19 +176,17 @@ class RL(Method):
     config_cls = RLConfig
     capabilities = frozenset({Capability.TRAIN_STAGE})
 
-    def __init__(self, config: MethodConfig) -> None:
+    def __init__(self, config: RLConfig) -> None:
         super().__init__(config)
-        assert isinstance(config, RLConfig)
-        self.cfg = config
 
     def train_task(self, stage: Stage) -> TrainStats:
         start, ctx = time.perf_counter(), stage.ctx
         trl = _import_trl()  # fail before any training when TRL is missing
         folder = stage.out_dir / EPOCHS_DIR / f"task-{ctx.task_index:02d}-{ctx.task.name}"
         saved: list[str] = []
-        if self.cfg.save_epochs:
+        if self.config.save_epochs:
             saved.append(str(save_model_dir(ctx.model, ctx.tokenizer, folder / "start")))
-        sft = self._sft(stage, folder, saved) if self.cfg.sft_first else []
+        sft = self._sft(stage, folder, saved) if self.config.sft_first else []
         rl_stats, rl_details = self._rl(stage, trl, folder, saved)
         steps = sum(s.steps for s in sft) + rl_stats["steps"]
         terms = {"rl_loss": rl_stats["loss"], "reward": rl_stats["reward"]}
@@ -225,7 +223,7 @@ class RL(Method):
             features = [ctx.train_features[i] for i in order.tolist()]
             out.append(stage.sft(features=features, steps=steps, label=f"sft {len(out) + 1}"))
             done += steps
-            if self.cfg.save_epochs:
+            if self.config.save_epochs:
                 path = folder / f"sft-epoch-{len(out)}"
                 saved.append(str(save_model_dir(ctx.model, ctx.tokenizer, path)))
         return out
@@ -233,7 +231,7 @@ class RL(Method):
     def _rl(
         self, stage: Stage, trl: Any, folder: Path, saved: list[str]
     ) -> tuple[dict[str, Any], dict[str, Any]]:
-        cfg, ctx = self.cfg, stage.ctx
+        cfg, ctx = self.config, stage.ctx
         rows = prompt_records(ctx.task, ctx.tokenizer, cfg.rl_prompts)
         if not rows:
             raise ConfigError(f"method rl: task {ctx.task.name!r} has no training prompts")
@@ -294,7 +292,7 @@ class RL(Method):
         return stats, details
 
     def _trainer_args(self, stage: Stage, work: Path, total: int) -> dict[str, Any]:
-        cfg, ctx, plan = self.cfg, stage.ctx, stage.plan
+        cfg, ctx, plan = self.config, stage.ctx, stage.plan
         return {
             "output_dir": str(work),
             "loss_type": "dr_grpo",

@@ -19,8 +19,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor
 
-from forgetless.errors import ConfigError, ModelLoadError
-from forgetless.methods.base import (
+from forgetless.contract.method import (
     Batch,
     Capability,
     Method,
@@ -31,6 +30,10 @@ from forgetless.methods.base import (
     TaskEndContext,
     register_method,
 )
+from forgetless.core import distributed
+from forgetless.core.dtypes import DTYPES
+from forgetless.engine.loop import causal_lm_loss
+from forgetless.errors import ConfigError, ModelLoadError
 from forgetless.sae.activations import (
     MLPTap,
     TrainedSAE,
@@ -42,15 +45,8 @@ from forgetless.sae.activations import (
 from forgetless.sae.gated import GatedSAE, encode, load_sae, read_sae_record
 from forgetless.sae.train import SAETrainConfig
 from forgetless.tasks.formatting import IGNORE_INDEX, Features, collate
-from forgetless.training import distributed
-from forgetless.training.loop import causal_lm_loss
 
 AnchorDtype = Literal["float16", "bfloat16", "float32"]
-DTYPES: dict[str, torch.dtype] = {
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float32": torch.float32,
-}
 FP16_MAX = 65504.0
 
 # --- the distillation loss ---------------------------------------------------------------------
@@ -316,7 +312,7 @@ class SAEFDConfig(MethodConfig):
 
 
 @register_method
-class SAEFD(Method):
+class SAEFD(Method[SAEFDConfig]):
     """SAE-FD (Zhang et al. 2026, "SAE-FD: Sparse Autoencoder Feature Distillation for Continual
     Learning of Large Language Models"): hold past tasks' last-layer MLP outputs in place in the
     sparse feature space of a frozen gated SAE, so that only the features old tasks used are
@@ -360,10 +356,9 @@ class SAEFD(Method):
         }
     )
 
-    def __init__(self, config: MethodConfig) -> None:
+    def __init__(self, config: SAEFDConfig) -> None:
         super().__init__(config)
-        self.cfg: SAEFDConfig = SAEFDConfig.model_validate(config.model_dump())
-        self.lam = self.cfg.lam
+        self.lam = self.config.lam
         self.buffer = AnchorBuffer()
         self.sae: GatedSAE | None = None
         self.sae_info: dict[str, Any] | None = None
@@ -389,7 +384,7 @@ class SAEFD(Method):
 
     def register_hooks(self, ctx: TaskContext) -> list[torch.utils.hooks.RemovableHandle]:
         self.trace = _empty_trace()
-        if len(self.buffer) and self.cfg.space == "sae" and self.sae is None:
+        if len(self.buffer) and self.config.space == "sae" and self.sae is None:
             self.sae = self._load_sae(ctx).to(ctx.device)
         self.tap = MLPTap()
         return [self.tap.register(ctx.model)]
@@ -402,7 +397,7 @@ class SAEFD(Method):
             raise ConfigError(
                 f"sae_fd: the SAE encodes d={self.sae.d_in}, the model's MLP outputs d={h.size(-1)}"
             )
-        parts = feature_distillation(self.sae, h, h_anchor, self.cfg.terms, self.cfg.space)
+        parts = feature_distillation(self.sae, h, h_anchor, self.config.terms, self.config.space)
         with torch.no_grad():
             task_loss_t = causal_lm_loss(outputs.logits[:n], batch["labels"][:n])
             logged = torch.stack([parts.total.detach(), parts.l_cos, parts.l_mag, task_loss_t])
@@ -410,10 +405,10 @@ class SAEFD(Method):
         # is a token mean of this process's slice: weighted by the shares, all are global.
         logged = distributed.weighted_sum(logged, ctx.batch_share)
         fd, l_cos, l_mag, task_loss = logged.float().tolist()  # one device sync
-        if self.cfg.adaptive:
-            c = self.cfg
+        if self.config.adaptive:
+            c = self.config
             self.lam = ema_lambda(self.lam, task_loss, fd, c.rho, c.ema, c.lam_min, c.lam_max)
-        lam = self.lam if self.cfg.adaptive else self.cfg.lam
+        lam = self.lam if self.config.adaptive else self.config.lam
         for key, value in (
             ("lambda", lam),
             ("l_cos", l_cos),
@@ -430,7 +425,7 @@ class SAEFD(Method):
         details: dict[str, Any] = {
             "anchors": added,
             "buffer": {"samples": len(self.buffer), "bytes": self.buffer.nbytes},
-            "lambda_end": self.lam if self.cfg.adaptive else self.cfg.lam,
+            "lambda_end": self.lam if self.config.adaptive else self.config.lam,
         }
         if self.trace["lambda"]:
             details["mean"] = {k: _round(sum(v) / len(v)) for k, v in self.trace.items()}
@@ -448,7 +443,7 @@ class SAEFD(Method):
         return state
 
     def load_state_dict(self, state: MethodState) -> None:
-        self.lam = float(state.get("lam", self.cfg.lam))
+        self.lam = float(state.get("lam", self.config.lam))
         anchors = state.get("anchors")
         self.buffer = AnchorBuffer.from_state(anchors) if anchors else AnchorBuffer()
         trace = state.get("trace")
@@ -462,11 +457,11 @@ class SAEFD(Method):
         of ``ctx.model`` on them, to the buffer; returns their sizes in samples, tokens, bytes."""
         model, tokenizer, features = ctx.model, ctx.tokenizer, ctx.train_features
         gen = torch.Generator().manual_seed(
-            hash_seed("anchors", ctx.run.seed, self.cfg.seed, ctx.task_index)
+            hash_seed("anchors", ctx.run.seed, self.config.seed, ctx.task_index)
         )
-        order = torch.randperm(len(features), generator=gen)[: self.cfg.anchor_samples].tolist()
+        order = torch.randperm(len(features), generator=gen)[: self.config.anchor_samples].tolist()
         chosen = [features[i] for i in order]
-        dtype = DTYPES[self.cfg.anchor_dtype]
+        dtype = DTYPES[self.config.anchor_dtype]
         tap, was_training = MLPTap(), model.training
         handle = tap.register(model)
         model.eval()
@@ -500,7 +495,7 @@ class SAEFD(Method):
             "float32_bytes_per_token": anchor_bytes_per_token(
                 h.size(-1), torch.float32, len(tokenizer)
             ),
-            "dtype": self.cfg.anchor_dtype,
+            "dtype": self.config.anchor_dtype,
         }
 
     def _anchor_outputs(self, batch: Batch, ctx: StepContext) -> tuple[int, Tensor, Tensor]:
@@ -520,20 +515,22 @@ class SAEFD(Method):
     def _folds(self) -> bool:
         """Fold the anchors into the task batch? Not over several processes: the loop splits
         the batch between them, while every process must see the whole anchor batch."""
-        return self.cfg.anchor_forward == "fold" and distributed.world_size() == 1
+        return self.config.anchor_forward == "fold" and distributed.world_size() == 1
 
     def _draw(self, batch_size: int, ctx: StepContext) -> list[int]:
         key = (ctx.task.task_index, ctx.step)
         self._micro = self._micro + 1 if key == self._step_key else 0  # grad-accum micro-batches
         self._step_key = key
-        k = max(1, round(self.cfg.anchor_batch_fraction * batch_size))
-        rng = random.Random(hash_seed("draw", ctx.task.run.seed, self.cfg.seed, *key, self._micro))
+        k = max(1, round(self.config.anchor_batch_fraction * batch_size))
+        rng = random.Random(
+            hash_seed("draw", ctx.task.run.seed, self.config.seed, *key, self._micro)
+        )
         n = len(self.buffer)
         return rng.sample(range(n), k) if k <= n else rng.choices(range(n), k=k)
 
     def _load_sae(self, ctx: TaskContext) -> GatedSAE:
-        if self.cfg.sae_path:
-            folder = Path(self.cfg.sae_path)
+        if self.config.sae_path:
+            folder = Path(self.config.sae_path)
             try:
                 sae = load_sae(folder, ctx.device)
             except (FileNotFoundError, ValueError) as err:
@@ -546,17 +543,17 @@ class SAEFD(Method):
             return sae
         if ctx.run.load_base is None:
             raise ModelLoadError("sae_fd needs the runner's base-model loader (RunInfo.load_base)")
-        if self.cfg.sae_cache == "run":
+        if self.config.sae_cache == "run":
             folder = ctx.run.out_dir / "sae"
             base = None
         else:
             base = ctx.run.load_base()
             fingerprint = model_fingerprint(base, ctx.tokenizer)
-            folder = shared_sae_dir(fingerprint, self.cfg.sae, ctx.run.max_length)
+            folder = shared_sae_dir(fingerprint, self.config.sae, ctx.run.max_length)
         loader = ctx.run.load_base if base is None else (lambda: base)
         got: TrainedSAE = distributed.main_first(
             lambda: ensure_sae(
-                folder, loader, ctx.tokenizer, self.cfg.sae, ctx.run.max_length, ctx.device
+                folder, loader, ctx.tokenizer, self.config.sae, ctx.run.max_length, ctx.device
             )
         )
         self.sae_info = {"path": str(got.folder), "trained": got.trained, **_summary(got.record)}

@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from forgetless.methods.base import Method, MethodConfig, register_method
+from forgetless.contract.method import Method, MethodConfig, register_method
 
 
 class SeqFTConfig(MethodConfig):
@@ -18,7 +18,7 @@ class SeqFTConfig(MethodConfig):
 
 
 @register_method
-class SeqFT(Method):
+class SeqFT(Method[SeqFTConfig]):
     """Uses no hook: the shared loop's cross-entropy on the current task is all it does."""
 
     name = "seq_ft"

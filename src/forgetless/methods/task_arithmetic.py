@@ -6,9 +6,9 @@ from typing import Literal
 
 from pydantic import Field
 
-from forgetless.merging.continual import Tensors, train_then_merge
-from forgetless.methods.base import Capability, Method, MethodConfig, Stage, register_method
-from forgetless.training.loop import TrainStats
+from forgetless.contract.method import Capability, Method, MethodConfig, Stage, register_method
+from forgetless.engine.loop import TrainStats
+from forgetless.methods.continual_merge import Tensors, train_then_merge
 
 
 class TaskArithmeticConfig(MethodConfig):
@@ -24,7 +24,7 @@ class TaskArithmeticConfig(MethodConfig):
 
 
 @register_method
-class TaskArithmetic(Method):
+class TaskArithmetic(Method[TaskArithmeticConfig]):
     """Task arithmetic (Ilharco et al. 2023, "Editing Models with Task Arithmetic", ICLR) run
     continually: task t trains from the merged state θ_{t−1}; its update Δ_t enters as
     θ_t = θ_{t−1} + λ Δ_t, i.e. θ_t = θ_0 + λ Σ_{i≤t} Δ_i. Keeps no state beyond the model.
@@ -35,13 +35,11 @@ class TaskArithmetic(Method):
     config_cls = TaskArithmeticConfig
     capabilities = frozenset({Capability.TRAIN_STAGE})
 
-    def __init__(self, config: MethodConfig) -> None:
+    def __init__(self, config: TaskArithmeticConfig) -> None:
         super().__init__(config)
-        assert isinstance(config, TaskArithmeticConfig)
-        self.cfg = config
 
     def train_task(self, stage: Stage) -> TrainStats:
         def increment(deltas: Tensors, _: Stage) -> Tensors:
-            return {n: self.cfg.scaling * d for n, d in deltas.items()}
+            return {n: self.config.scaling * d for n, d in deltas.items()}
 
         return train_then_merge(self.name, stage, increment)

@@ -7,9 +7,7 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from forgetless.merging.continual import Tensors, train_then_merge
-from forgetless.merging.ties import ties_merge
-from forgetless.methods.base import (
+from forgetless.contract.method import (
     Capability,
     Method,
     MethodConfig,
@@ -17,7 +15,9 @@ from forgetless.methods.base import (
     Stage,
     register_method,
 )
-from forgetless.training.loop import TrainStats
+from forgetless.engine.loop import TrainStats
+from forgetless.merging.ties import ties_merge
+from forgetless.methods.continual_merge import Tensors, train_then_merge
 
 
 class TiesConfig(MethodConfig):
@@ -31,7 +31,7 @@ class TiesConfig(MethodConfig):
 
 
 @register_method
-class Ties(Method):
+class Ties(Method[TiesConfig]):
     """TIES-merging (Yadav et al. 2023, "TIES-Merging: Resolving Interference When Merging
     Models", NeurIPS) run continually: after task t the model is θ_0 + λ·TIES(Δ_1, …, Δ_t), each
     Δ_i the update of task i from the merged state it started at. Applied as the change
@@ -44,15 +44,13 @@ class Ties(Method):
     config_cls = TiesConfig
     capabilities = frozenset({Capability.TRAIN_STAGE, Capability.STATE})
 
-    def __init__(self, config: MethodConfig) -> None:
+    def __init__(self, config: TiesConfig) -> None:
         super().__init__(config)
-        assert isinstance(config, TiesConfig)
-        self.cfg = config
         self.updates: list[Tensors] = []
 
     def _merged(self, name: str, upto: int, device: torch.device) -> torch.Tensor | None:
         vectors = [u[name].to(device) for u in self.updates[:upto]]
-        return ties_merge(vectors, self.cfg.density) if vectors else None
+        return ties_merge(vectors, self.config.density) if vectors else None
 
     def train_task(self, stage: Stage) -> TrainStats:
         def increment(deltas: Tensors, _: Stage) -> Tensors:
@@ -64,7 +62,7 @@ class Ties(Method):
                 before = self._merged(name, previous, delta.device)
                 assert now is not None
                 change = now if before is None else now - before
-                out[name] = self.cfg.scaling * change
+                out[name] = self.config.scaling * change
             return out
 
         return train_then_merge(self.name, stage, increment)

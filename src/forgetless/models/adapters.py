@@ -15,10 +15,10 @@ from safetensors.torch import load_model, save_file, save_model
 from torch import nn
 
 from forgetless.config.schema import FinetuneConfig
+from forgetless.core.storage import check_fits, read_tensors, tensor_shapes
+from forgetless.core.tensor_files import WEIGHTS_FILE
 from forgetless.errors import CheckpointError, ModelLoadError
-from forgetless.training.checkpoint import check_fits, read_tensors, tensor_shapes
 
-WEIGHTS_FILE = "model.safetensors"
 ADAPTER_FILE = "adapter_model.safetensors"
 
 

@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import torch
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
@@ -16,9 +15,8 @@ from transformers import (
 from transformers.utils import logging as hf_logging
 
 from forgetless.config.schema import ModelConfig
+from forgetless.core.dtypes import DTYPES
 from forgetless.errors import ModelLoadError
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def _looks_local(name: str) -> bool:

@@ -9,9 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from forgetless.core.rundir import RunDir
+from forgetless.core.storage import atomic_write_text
 from forgetless.errors import ConfigError
 from forgetless.report import plots
-from forgetless.training.checkpoint import atomic_write_text
 
 METRIC_KEYS = ["average_accuracy", "bwt", "fwt", "forgetting", "gain", "retention", "kl_drift"]
 HEADERS = [
@@ -146,7 +147,7 @@ def sections_for_bench(
     pictures = [plots.tradeoff(bench["rows"], folder / "plots" / "tradeoff.png")]
     for row in bench["rows"]:
         first = next((r for r in bench["runs"] if r["variant"] == row["variant"]), None)
-        results_path = Path(first["folder"]) / "results.json" if first else None
+        results_path = RunDir(Path(first["folder"])).results if first else None
         if results_path is not None and results_path.is_file():
             target = folder / "plots" / f"matrix-{_slug(row['variant'])}.png"
             pictures.append(plots.accuracy_heatmap(_read(results_path), target, row["variant"]))
@@ -166,7 +167,7 @@ def write_report(folder: Path) -> tuple[Path, Path]:
     if (folder / "bench.json").is_file():
         title, sections, pictures = sections_for_bench(_read(folder / "bench.json"), folder)
     else:
-        title, sections, pictures = sections_for_run(_read(folder / "results.json"), folder)
+        title, sections, pictures = sections_for_run(_read(RunDir(folder).results), folder)
     md_parts, html_parts = [f"# {title}"], [f"<h1>{html.escape(title)}</h1>"]
     for sec in sections:
         md_parts.append(

@@ -19,12 +19,12 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
+from forgetless.core.storage import atomic_dir
 from forgetless.errors import ConfigError
 from forgetless.sae.gated import WEIGHTS_FILE, GatedSAE, load_sae, read_sae_record, save_sae
 from forgetless.sae.train import SAETrainConfig, sae_metrics, train_sae
 from forgetless.tasks.base import Example
 from forgetless.tasks.formatting import Features, collate, encode_example
-from forgetless.training.checkpoint import atomic_dir
 
 _LAYER_MLP = re.compile(r"(?:^|\.)layers\.(\d+)\.mlp$")
 
@@ -175,7 +175,7 @@ def sae_key(fingerprint: str, cfg: SAETrainConfig, max_length: int) -> str:
 
 def shared_sae_dir(fingerprint: str, cfg: SAETrainConfig, max_length: int) -> Path:
     """Where the SAE of this base model and settings is cached (``$FORGETLESS_CACHE/sae/...``)."""
-    from forgetless.models.pretrain import cache_root
+    from forgetless.core.paths import cache_root
 
     return cache_root() / "sae" / sae_key(fingerprint, cfg, max_length)
 

@@ -1,4 +1,4 @@
-"""The output folder's guards: paths proved to stay inside it, and one writer at a time."""
+"""One writer at a time in an output folder."""
 
 from __future__ import annotations
 
@@ -8,16 +8,6 @@ from pathlib import Path
 from types import TracebackType
 
 from forgetless.errors import ConfigError, EnvironmentFault
-
-
-def inside(out_dir: Path, *parts: str) -> Path:
-    """``out_dir / parts...``, refused unless it resolves to a place inside ``out_dir``."""
-    path = out_dir.joinpath(*parts)
-    root = out_dir.resolve()
-    resolved = path.resolve()
-    if resolved == root or root not in resolved.parents:
-        raise ConfigError(f"{path}: resolves to {resolved}, outside the output folder {root}")
-    return path
 
 
 class OutDirLock:

@@ -7,12 +7,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from forgetless.core.rundir import RunDir
+from forgetless.core.storage import atomic_write_json
 from forgetless.errors import CheckpointError
 from forgetless.eval.metrics import summarize
-from forgetless.training.checkpoint import atomic_write_json
 
 SCHEMA_VERSION = 1
-RESULTS_FILE = "results.json"
 
 
 @dataclass
@@ -69,7 +69,7 @@ class Results:
         }
 
     def write(self, out_dir: Path) -> None:
-        atomic_write_json(out_dir / RESULTS_FILE, self.to_json())
+        atomic_write_json(RunDir(out_dir).results, self.to_json())
 
     @classmethod
     def read(cls, path: Path) -> Results:

@@ -8,10 +8,10 @@ from typing import Any
 import yaml
 
 from forgetless.config.schema import RunConfig, probe_names
+from forgetless.core.rundir import RunDir
 from forgetless.errors import CheckpointError, ConfigError
-from forgetless.training.results import RESULTS_FILE, Results
+from forgetless.training.results import Results
 
-CONFIG_FILE = "config.yaml"
 FIXED_ONCE_TRAINED = (
     "model.name_or_path",
     "model.revision",
@@ -54,8 +54,7 @@ def has_trained(out_dir: Path, results: Results | None) -> bool:
     """A finished task, or a task's step checkpoint: something a config change could corrupt."""
     if results is not None and results.completed_tasks > 0:
         return True
-    checkpoints = out_dir / "checkpoints"
-    return checkpoints.is_dir() and any(checkpoints.glob("step-*"))
+    return RunDir(out_dir).has_step_checkpoints()
 
 
 def resume_check(out_dir: Path, cfg: RunConfig, allow_change: bool) -> Results | None:
@@ -67,7 +66,8 @@ def resume_check(out_dir: Path, cfg: RunConfig, allow_change: bool) -> Results |
     ``cfg``; ``allow_change`` lets it differ except where the trained checkpoints or the results'
     columns depend on it. Raises before anything is written.
     """
-    results_path, config_path = out_dir / RESULTS_FILE, out_dir / CONFIG_FILE
+    run = RunDir(out_dir)
+    results_path, config_path = run.results, run.config
     stored = Results.read(results_path) if results_path.is_file() else None
     resolved = cfg.model_dump(mode="json")
     if not has_trained(out_dir, stored):

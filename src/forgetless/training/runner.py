@@ -21,11 +21,7 @@ from torch import nn
 from forgetless.config.evaluation import LmEvalProbe
 from forgetless.config.loading import dump_config
 from forgetless.config.schema import RunConfig, TaskConfig, probe_names
-from forgetless.errors import ConfigError
-from forgetless.eval.lm_eval_probe import run_lm_eval_probe
-from forgetless.eval.scorers import score_task
-from forgetless.eval.scoring import EvalResult, completion_logprobs, kl_drift
-from forgetless.methods.base import (
+from forgetless.contract.method import (
     Capability,
     Method,
     RunInfo,
@@ -33,35 +29,39 @@ from forgetless.methods.base import (
     TaskContext,
     TaskEndContext,
     create_method,
-    lora_rule_broken,
 )
-from forgetless.models.adapters import Finetuner
-from forgetless.models.loading import load_model, load_model_and_tokenizer, resolve_source
-from forgetless.models.pretrain import ensure_base_model
-from forgetless.tasks.base import Task
-from forgetless.tasks.formatting import Features, encode_training_set, unknown_token_examples
-from forgetless.tasks.loaders import build_task
-from forgetless.training import distributed
-from forgetless.training.checkpoint import (
+from forgetless.core import distributed, registry
+from forgetless.core.rundir import RunDir
+from forgetless.core.storage import (
     atomic_dir,
     atomic_write_text,
     load_method_state,
     remove_stale_temps,
     save_method_state,
 )
-from forgetless.training.loop import (
+from forgetless.engine.loop import (
     NonFiniteError,
     StepLoop,
     TrainPlan,
     TrainStats,
     steps_for_epochs,
 )
-from forgetless.training.outdir import OutDirLock, inside
-from forgetless.training.progress import Progress
+from forgetless.engine.progress import Progress
+from forgetless.engine.step_checkpoint import StepCheckpointer, plan_fingerprint
+from forgetless.engine.tracking import Tracker
+from forgetless.errors import ConfigError
+from forgetless.eval.lm_eval_probe import run_lm_eval_probe
+from forgetless.eval.scorers import score_task
+from forgetless.eval.scoring import EvalResult, completion_logprobs, kl_drift
+from forgetless.models.adapters import Finetuner
+from forgetless.models.loading import load_model, load_model_and_tokenizer, resolve_source
+from forgetless.tasks.base import Task
+from forgetless.tasks.formatting import Features, encode_training_set, unknown_token_examples
+from forgetless.tasks.loaders import build_task
+from forgetless.training.outdir import OutDirLock
+from forgetless.training.pretrain import ensure_base_model
 from forgetless.training.results import Results
-from forgetless.training.resume import CONFIG_FILE, resume_check
-from forgetless.training.step_checkpoint import StepCheckpointer, plan_fingerprint
-from forgetless.training.tracking import Tracker
+from forgetless.training.resume import resume_check
 
 
 def seed_everything(seed: int) -> None:
@@ -73,14 +73,6 @@ def seed_everything(seed: int) -> None:
 def task_seed(seed: int, index: int) -> int:
     """Each task trains under its own seed, so a resumed run replays what a full run does."""
     return seed * 1000 + index
-
-
-def checkpoint_dir(out_dir: Path, index: int, name: str) -> Path:
-    return inside(out_dir, "checkpoints", f"task-{index:02d}-{name}")
-
-
-def step_checkpoint_dir(out_dir: Path, index: int, name: str) -> Path:
-    return inside(out_dir, "checkpoints", f"step-{index:02d}-{name}")
 
 
 def _skip_event(task: str, skipped: list[NonFiniteError]) -> dict[str, Any]:
@@ -135,7 +127,9 @@ class Runner:
         tasks, probes = load_tasks(cfg.tasks, cfg), load_tasks(task_probes, cfg)
         self.lm_probes = [p for p in cfg.probes if isinstance(p, LmEvalProbe)]
         self.active: Method = self.method or create_method(cfg.method)
-        broken = lora_rule_broken(type(self.active), cfg.finetune.mode, cfg.finetune.lora.regime)
+        broken = registry.lora_rule_broken(
+            type(self.active), cfg.finetune.mode, cfg.finetune.lora.regime
+        )
         if broken:  # a method instance handed over directly bypassed the config's check
             raise ConfigError(broken)
         report_to = cfg.report_to if distributed.is_main_process() else "none"
@@ -176,7 +170,7 @@ class Runner:
         """Write the config, and the results to go on from (``stored``, or a fresh start)."""
         resolved = self.cfg.model_dump(mode="json")
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(self.out_dir / CONFIG_FILE, dump_config(self.cfg))
+        atomic_write_text(RunDir(self.out_dir).config, dump_config(self.cfg))
         if stored is not None:
             self._remove_stale(tasks[: stored.completed_tasks])
             stored.config = resolved
@@ -192,7 +186,7 @@ class Runner:
         if not distributed.is_main_process():
             return
         for index, task in enumerate(finished, start=1):
-            stale = step_checkpoint_dir(self.out_dir, index, task.name)
+            stale = RunDir(self.out_dir).step_checkpoint(index, task.name)
             if stale.is_dir():
                 shutil.rmtree(stale)
 
@@ -247,10 +241,7 @@ class Runner:
             results.events.append(event)
 
     def _restore(self, completed: int) -> None:
-        ckpts = [
-            checkpoint_dir(self.out_dir, i, t.name)
-            for i, t in enumerate(self.tasks[:completed], start=1)
-        ]
+        ckpts = RunDir(self.out_dir).task_checkpoints([t.name for t in self.tasks[:completed]])
         missing = [str(c) for c in ckpts if not c.is_dir()]
         if missing:
             raise ConfigError(f"cannot resume: checkpoint missing: {missing[0]}")
@@ -367,7 +358,7 @@ class Runner:
                 handle.remove()
         if skipped:
             results.events.append(_skip_event(task.name, skipped))
-        final = checkpoint_dir(self.out_dir, index, task.name)
+        final = RunDir(self.out_dir).task_checkpoint(index, task.name)
         final.parent.mkdir(parents=True, exist_ok=True)
         with atomic_dir(final) as tmp:
             self.finetuner.save(tmp)
@@ -384,7 +375,7 @@ class Runner:
             save_method_state(tmp, self._reduced_state(method))
         results.per_task.append({"task": task.name, **stats.as_dict()})
         results.write(self.out_dir)
-        step_dir = step_checkpoint_dir(self.out_dir, index, task.name)
+        step_dir = RunDir(self.out_dir).step_checkpoint(index, task.name)
         if distributed.is_main_process() and step_dir.is_dir():
             shutil.rmtree(step_dir)  # the task checkpoint supersedes it
         self._report_task(index, stats, results)
@@ -415,7 +406,7 @@ class Runner:
             self.tracker.log_step,
             on_skip,
         )
-        folder = step_checkpoint_dir(self.out_dir, ctx.task_index, ctx.task.name)
+        folder = RunDir(self.out_dir).step_checkpoint(ctx.task_index, ctx.task.name)
         if not method.uses(Capability.TRAIN_STAGE):
             loop.checkpointer = self._checkpointer(folder, method, plan)
             return loop.run(ctx.train_features, plan)

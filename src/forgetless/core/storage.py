@@ -14,18 +14,19 @@ import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from forgetless.core.distributed import is_main_process
+from forgetless.core.rundir import RunDir
 from forgetless.errors import CheckpointError
-from forgetless.training.distributed import is_main_process
 
-if TYPE_CHECKING:  # the methods package imports its methods, which import this module
-    from forgetless.methods.base import MethodState
+MethodState = dict[str, Any]
+"""A method's resumable state: tensors, JSON values, and nested dicts of those."""
 
 TENSORS_FILE = "method_state.safetensors"
 META_FILE = "method_state.json"
@@ -90,7 +91,7 @@ def remove_stale_temps(folder: Path) -> list[Path]:
     ``.forgetless-tmp-{new,old}-NAME`` folders (recovered with ``recover_dir``).
     """
     found = [p for p in folder.glob(".*") if _TEMP_FILE.match(p.name) and p.is_file()]
-    checkpoints = folder / "checkpoints"
+    checkpoints = RunDir(folder).checkpoints
     swaps = (
         [p for p in checkpoints.rglob(".*") if _SWAP_DIR.match(p.name)]
         if checkpoints.is_dir()

@@ -7,27 +7,27 @@ checks that declaration and overrides agree, so a hook cannot be silently ignore
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar
 
 import torch
-from pydantic import ConfigDict
 from torch import nn
 
-from forgetless.strict import StrictModel
+from forgetless.contract.plan import TrainPlan, TrainStats
+from forgetless.core import registry
+from forgetless.core.storage import MethodState
+from forgetless.strict import MethodConfig
 
 if TYPE_CHECKING:
     from forgetless.eval.scoring import EvalResult
     from forgetless.tasks.base import Task
     from forgetless.tasks.formatting import Features
-    from forgetless.training.loop import TrainPlan, TrainStats
 
 Batch = dict[str, torch.Tensor]
 LossFn = Callable[[Batch, Any, "StepContext"], torch.Tensor]
-MethodState = dict[str, Any]
 ReduceOp = Literal["sum", "mean", "max"]
 
 
@@ -58,13 +58,6 @@ HOOKS: dict[Capability, tuple[str, ...]] = {
     Capability.TASK_END: ("on_task_end",),
     Capability.STATE: ("state_dict", "load_state_dict"),
 }
-
-
-class MethodConfig(StrictModel):
-    """Base of every method's config; subclasses pin ``name`` to a ``Literal``."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-    name: str
 
 
 @dataclass
@@ -138,8 +131,12 @@ class Stage:
     plan: TrainPlan
 
 
-class Method:
-    """Base of all methods. Hooks raise unless overridden; the runner calls only declared ones."""
+ConfigT = TypeVar("ConfigT", bound=MethodConfig)
+
+
+class Method(Generic[ConfigT]):
+    """Base of all methods, typed by its config (``class EWC(Method[EWCConfig])``). Hooks raise
+    unless overridden; the runner calls only declared ones."""
 
     name: ClassVar[str]
     config_cls: ClassVar[type[MethodConfig]]
@@ -153,8 +150,8 @@ class Method:
     ``carry``): it keeps per-weight state by name. Checked with ``lora_regimes`` by
     :func:`lora_rule_broken`, at validate."""
 
-    def __init__(self, config: MethodConfig) -> None:
-        self.config = config
+    def __init__(self, config: ConfigT) -> None:
+        self.config: ConfigT = config
 
     def uses(self, capability: Capability) -> bool:
         return capability in self.capabilities
@@ -197,9 +194,6 @@ class Method:
             raise ValueError(f"method {self.name!r} keeps no state but got keys {sorted(state)}")
 
 
-_REGISTRY: dict[str, type[Method]] = {}
-
-
 def _overridden(cls: type[Method], hook: str) -> bool:
     return getattr(cls, hook) is not getattr(Method, hook)
 
@@ -222,27 +216,26 @@ def register_method(cls: type[Method]) -> type[Method]:
     name = cls.name
     if not name.isidentifier() or name != name.lower():
         raise ValueError(f"method name {name!r} must be a lowercase identifier")
-    if name in _REGISTRY:
-        raise ValueError(f"method {name!r} is already registered")
     field_info = cls.config_cls.model_fields["name"]
     if getattr(field_info.annotation, "__args__", None) != (name,):
         raise TypeError(f"{cls.config_cls.__name__}.name must be Literal[{name!r}]")
     check_method_class(cls)
-    _REGISTRY[name] = cls
+    registry.add(name, cls)
     return cls
 
 
 def registered_methods() -> dict[str, type[Method]]:
-    """All registered methods by name (importing ``forgetless.methods`` registers the built-ins)."""
-    return dict(_REGISTRY)
+    """All registered methods by name, the built-ins included."""
+    return registry.all_methods()
 
 
 def method_class(name: str) -> type[Method]:
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        known = ", ".join(sorted(_REGISTRY))
-        raise KeyError(f"unknown method {name!r}; known: {known}") from None
+    cls = registry.lookup(name)
+    if cls is None:
+        known = ", ".join(sorted(registry.all_methods()))
+        raise KeyError(f"unknown method {name!r}; known: {known}")
+    found: type[Method] = cls
+    return found
 
 
 def create_method(config: MethodConfig) -> Method:
@@ -252,24 +245,3 @@ def create_method(config: MethodConfig) -> Method:
 def trainable_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
     """The trainable parameters by name (for a LoRA carry run: the one adapter's weights)."""
     return {n: p for n, p in model.named_parameters() if p.requires_grad}
-
-
-def lora_rule_broken(method: type[Method], mode: str, regime: str) -> str | None:
-    """What a fine-tuning mode and LoRA regime break of ``method``'s declared rules, or None.
-
-    The one place the rules are read: the config schema calls it at validate, and the runner for
-    a method instance handed to it directly.
-    """
-    if method.lora_regimes is not None and (mode != "lora" or regime not in method.lora_regimes):
-        wanted = " or ".join(method.lora_regimes)
-        return f"method {method.name!r} needs finetune.mode lora with regime {wanted}"
-    if method.carry_only and mode == "lora" and regime != "carry":
-        return (
-            f"method {method.name!r} {method.carry_only}: with LoRA it needs regime carry, "
-            f"not {regime!r}"
-        )
-    return None
-
-
-def hook_names(capabilities: Iterable[Capability]) -> list[str]:
-    return [hook for cap in capabilities for hook in HOOKS[cap]]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -13,30 +13,14 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import get_scheduler
 
+from forgetless.contract.method import Batch, Capability, LossFn, Method, StepContext, TaskContext
+from forgetless.contract.plan import TrainPlan, TrainStats
+from forgetless.core import distributed
+from forgetless.engine.progress import Progress
+from forgetless.engine.resources import peak_memory_mb
+from forgetless.engine.step_checkpoint import LoopProgress, StepCheckpointer
 from forgetless.errors import TrainingError
-from forgetless.methods.base import Batch, Capability, LossFn, Method, StepContext, TaskContext
 from forgetless.tasks.formatting import IGNORE_INDEX, Features, collate
-from forgetless.training import distributed
-from forgetless.training.progress import Progress
-from forgetless.training.resources import peak_memory_mb
-from forgetless.training.step_checkpoint import LoopProgress, StepCheckpointer
-
-
-@dataclass(frozen=True)
-class TrainPlan:
-    """The resolved training budget of one task (or one inner stage)."""
-
-    steps: int
-    batch_size: int
-    lr: float
-    seed: int
-    grad_accum: int = 1
-    weight_decay: float = 0.0
-    warmup_steps: int = 0
-    scheduler: str = "constant"
-    max_grad_norm: float | None = 1.0
-    on_nonfinite: str = "stop"
-    """``stop``: a non-finite loss or gradient raises; ``skip``: drop that step's update."""
 
 
 class NonFiniteError(TrainingError):
@@ -61,44 +45,6 @@ class NonFiniteError(TrainingError):
             "step": self.step,
             "term": self.term,
             "value": str(self.value),
-        }
-
-
-@dataclass
-class TrainStats:
-    steps: int = 0
-    seconds: float = 0.0
-    tokens: int = 0
-    final_loss: float = float("nan")
-    loss_terms: dict[str, float] = field(default_factory=dict)
-    peak_memory_mb: float = 0.0
-    skipped_steps: int = 0
-    """Steps whose update was dropped for a non-finite loss or gradient (``on_nonfinite: skip``)."""
-    losses: list[float] = field(default_factory=list)
-    """The total loss of every optimizer step (the global value over all processes)."""
-    details: dict[str, Any] = field(default_factory=dict)
-    """Method-specific records (JSON-able) that go into ``results.json`` with the task's stats."""
-
-    @property
-    def steps_per_second(self) -> float:
-        return self.steps / self.seconds if self.seconds > 0 else 0.0
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.tokens / self.seconds if self.seconds > 0 else 0.0
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "steps": self.steps,
-            "train_seconds": round(self.seconds, 3),
-            "steps_per_second": round(self.steps_per_second, 3),
-            "tokens_per_second": round(self.tokens_per_second, 1),
-            "final_loss": self.final_loss,
-            "loss_terms": self.loss_terms,
-            "peak_memory_mb": round(self.peak_memory_mb, 1),
-            **({"skipped_steps": self.skipped_steps} if self.skipped_steps else {}),
-            **({"details": self.details} if self.details else {}),
-            "losses": self.losses,
         }
 
 

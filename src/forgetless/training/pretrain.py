@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -13,23 +12,20 @@ from rich.console import Console
 from transformers.utils import logging as hf_logging
 
 from forgetless.config.schema import ModelConfig
+from forgetless.contract.method import RunInfo, TaskContext, create_method
+from forgetless.core.paths import cache_root
+from forgetless.core.storage import atomic_dir, atomic_write_json
+from forgetless.engine.loop import StepLoop, TrainPlan
+from forgetless.engine.progress import Progress
 from forgetless.eval.scoring import evaluate_task
-from forgetless.methods.base import RunInfo, TaskContext, create_method
 from forgetless.methods.seq_ft import SeqFTConfig
 from forgetless.models.tiny import build_char_tokenizer, build_tiny_model
 from forgetless.tasks.base import Task
 from forgetless.tasks.builtin import build_builtin_task
 from forgetless.tasks.formatting import encode_example
-from forgetless.training.checkpoint import atomic_dir, atomic_write_json
-from forgetless.training.loop import StepLoop, TrainPlan
-from forgetless.training.progress import Progress
 
 SUITE_VERSION = 1
 PRETRAIN_EVAL = 100
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("FORGETLESS_CACHE", Path.home() / ".cache" / "forgetless"))
 
 
 def base_fingerprint(cfg: ModelConfig) -> str:

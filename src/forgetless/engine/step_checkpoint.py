@@ -20,16 +20,16 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from forgetless.errors import CheckpointError
-from forgetless.training.checkpoint import (
+from forgetless.core.storage import (
     atomic_dir,
     load_method_state,
     read_tensors,
     save_method_state,
 )
+from forgetless.errors import CheckpointError
 
 if TYPE_CHECKING:  # the methods package imports the step loop, which imports this module
-    from forgetless.methods.base import Method
+    from forgetless.contract.method import Method
 
 TENSORS = "step_state.safetensors"
 META = "step_state.json"

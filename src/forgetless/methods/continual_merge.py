@@ -14,8 +14,8 @@ from collections.abc import Callable, Mapping
 import torch
 from torch import nn
 
-from forgetless.methods.base import Stage, trainable_parameters
-from forgetless.training.loop import TrainStats
+from forgetless.contract.method import Stage, trainable_parameters
+from forgetless.engine.loop import TrainStats
 
 Tensors = dict[str, torch.Tensor]
 Increment = Callable[[Tensors, Stage], Tensors]

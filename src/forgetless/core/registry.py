@@ -1,0 +1,60 @@
+"""The method registry: a name to a method class, the built-ins loaded on first use.
+
+``forgetless.contract.register_method`` adds a class. A built-in method lives in
+``forgetless.methods.<name>`` and is imported only when its name is first looked up, so that
+validating a config imports the one method it names, not every method's dependencies. Classes
+are held as ``Any``: this floor knows their declared attributes, not the contract's types.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import pkgutil
+from typing import Any
+
+BUILTIN_PACKAGE = "forgetless.methods"
+_METHODS: dict[str, Any] = {}
+
+
+def add(name: str, cls: Any) -> None:
+    if name in _METHODS:
+        raise ValueError(f"method {name!r} is already registered")
+    _METHODS[name] = cls
+
+
+def _builtin_modules() -> list[str]:
+    package = importlib.import_module(BUILTIN_PACKAGE)
+    return [m.name for m in pkgutil.iter_modules(package.__path__) if not m.name.startswith("_")]
+
+
+def lookup(name: str) -> Any | None:
+    """The class registered as ``name`` (importing its built-in module if needed), or None."""
+    if name not in _METHODS and name.isidentifier() and name in _builtin_modules():
+        importlib.import_module(f"{BUILTIN_PACKAGE}.{name}")
+    return _METHODS.get(name)
+
+
+def all_methods() -> dict[str, Any]:
+    """Every registered method, the built-ins imported (for listings and error messages)."""
+    for module in _builtin_modules():
+        importlib.import_module(f"{BUILTIN_PACKAGE}.{module}")
+    return dict(_METHODS)
+
+
+def lora_rule_broken(method: Any, mode: str, regime: str) -> str | None:
+    """What a fine-tuning mode and LoRA regime break of ``method``'s declared rules, or None.
+
+    The one place the rules are read (``lora_regimes``: the method needs LoRA in one of these
+    regimes; ``carry_only``: why it needs one adapter for the whole sequence under LoRA). The
+    config schema calls it at validate, the runner for a method instance handed over directly.
+    """
+    regimes = getattr(method, "lora_regimes", None)
+    if regimes is not None and (mode != "lora" or regime not in regimes):
+        return f"method {method.name!r} needs finetune.mode lora with regime {' or '.join(regimes)}"
+    carry_only = getattr(method, "carry_only", None)
+    if carry_only and mode == "lora" and regime != "carry":
+        return (
+            f"method {method.name!r} {carry_only}: with LoRA it needs regime carry, not {regime!r}"
+        )
+    return None

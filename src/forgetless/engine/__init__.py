@@ -1,0 +1,1 @@
+"""The engine: the step loop, its progress, tracking and step checkpoints."""

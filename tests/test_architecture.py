@@ -1,0 +1,125 @@
+"""The house has floors that only look down: no import runs from a module to one on a higher
+floor, and no modules import each other in a circle (TYPE_CHECKING and function-level imports
+count too). The floors, from the ground up, are the ones docs/architecture.md describes."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import forgetless
+
+SRC = Path(forgetless.__file__).parent
+FLOORS: list[tuple[int, str]] = [
+    (0, "forgetless.errors"),
+    (0, "forgetless.strict"),
+    (0, "forgetless.core"),
+    (1, "forgetless.config"),
+    (2, "forgetless.tasks"),
+    (3, "forgetless.eval"),
+    (4, "forgetless.contract"),
+    (5, "forgetless.models"),
+    (5, "forgetless.attribution"),
+    (5, "forgetless.sae"),
+    (5, "forgetless.merging"),
+    (5, "forgetless.diagnostics.geometry"),
+    (5, "forgetless.diagnostics.circuits"),
+    (5, "forgetless.diagnostics.circuit_metrics"),
+    (6, "forgetless.experimental"),
+    (7, "forgetless.engine"),
+    (8, "forgetless.methods"),
+    (9, "forgetless.training"),
+    (9, "forgetless.bench"),
+    (10, "forgetless.diagnostics"),
+    (10, "forgetless.report"),
+    (11, "forgetless.cli"),
+    (11, "forgetless.__main__"),
+    (12, "forgetless"),
+]
+
+
+def floor(module: str) -> int:
+    """The floor of the longest prefix of ``module`` in FLOORS."""
+    best = max(
+        (p for p in FLOORS if module == p[1] or module.startswith(p[1] + ".")),
+        key=lambda p: len(p[1]),
+    )
+    return best[0]
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _target(node: ast.ImportFrom, alias: ast.alias) -> str:
+    """The module an ``from X import y`` reaches: ``X.y`` when ``y`` is a submodule."""
+    full = f"{node.module}.{alias.name}"
+    as_path = SRC.parent / full.replace(".", "/")
+    return full if as_path.with_suffix(".py").is_file() or as_path.is_dir() else str(node.module)
+
+
+def imports() -> dict[str, set[str]]:
+    """Every module's forgetless imports, wherever they stand in the file."""
+    graph: dict[str, set[str]] = {}
+    for path in SRC.rglob("*.py"):
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("forgetless"):
+                found |= {_target(node, a) for a in node.names}
+            elif isinstance(node, ast.Import):
+                found |= {a.name for a in node.names if a.name.startswith("forgetless")}
+        graph[module_name(path)] = found
+    return graph
+
+
+def test_no_import_runs_upward() -> None:
+    upward = sorted(
+        f"{a} (floor {floor(a)}) -> {b} (floor {floor(b)})"
+        for a, targets in imports().items()
+        for b in targets
+        if floor(b) > floor(a)
+    )
+    assert not upward, "\n".join(upward)
+
+
+def _circle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node], _ = 1, stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*stack[stack.index(nxt) :], nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        state[node], _ = 2, stack.pop()
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (found := visit(start)):
+            return found
+    return None
+
+
+def test_no_circles() -> None:
+    graph = {
+        a: {b for b in targets if b in imports_cache and b != a}
+        for a, targets in imports_cache.items()
+    }
+    circle = _circle(graph)
+    assert circle is None, " -> ".join(circle or [])
+
+
+def test_the_check_catches_an_upward_import_and_a_circle() -> None:
+    assert floor("forgetless.core.storage") < floor("forgetless.contract.method")
+    assert _circle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _circle({"a": {"b"}, "b": set()}) is None
+
+
+def test_every_module_has_a_floor() -> None:
+    assert all(floor(m) >= 0 for m in imports())
+
+
+imports_cache = imports()
