@@ -36,8 +36,9 @@ from rich.console import Console
 from forgetless.config.loading import validate_config
 from forgetless.config.schema import ModelConfig
 from forgetless.contract.method import RunInfo, TaskContext, create_method
+from forgetless.contract.plan import TrainPlan
 from forgetless.core.storage import atomic_write_json
-from forgetless.engine.loop import StepLoop, TrainPlan
+from forgetless.engine.loop import StepLoop
 from forgetless.methods.anchored import AnchorCache, anchor_loss, completion_logprobs
 from forgetless.methods.anchored_math import (
     anchor_logprobs,

@@ -38,15 +38,14 @@ from forgetless.contract.method import (
     Capability,
     Method,
     RunInfo,
-    Stage,
     TaskContext,
-    TaskEndContext,
     create_method,
     registered_methods,
     trainable_parameters,
 )
-from forgetless.engine.loop import StepLoop, TrainPlan, TrainStats
-from forgetless.models.adapters import Finetuner
+from forgetless.contract.plan import TrainPlan, TrainStats
+from forgetless.engine.session import TaskSession
+from forgetless.models.finetuner import Finetuner
 from forgetless.models.tiny import build_char_tokenizer, build_tiny_model
 from forgetless.tasks.builtin import build_builtin_task
 from forgetless.tasks.formatting import Features, encode_example
@@ -54,12 +53,9 @@ from forgetless.tasks.formatting import Features, encode_example
 TASKS = ("reverse", "cipher", "bracket", "sort", "count", "wordprob", "copy", "upper", "add")
 """Built-in tasks in sequence order: up to 8 past tasks and the timed one."""
 EXCLUDED = {"rl": "its RL stage runs TRL's GRPOTrainer (generation), not the step loop"}
-OVERRIDES: dict[str, dict[str, Any]] = {
-    "o_lora": {"_regime": "per_task"},
-    "anchored": {"_inner": True},
-}
-"""Per-method settings: ``_regime`` the LoRA regime it needs; ``_inner`` an Anchored Learning
-inner budget of plan steps / T (the matched compute of ``anchored_overhead.py``)."""
+INNER_BUDGET = {"anchored"}
+"""Methods timed at an inner budget of plan steps / T (Anchored Learning: the matched compute of
+``anchored_overhead.py``). The LoRA regime a method needs comes from its class."""
 
 
 def methods() -> list[str]:
@@ -93,13 +89,13 @@ class Bench:
         warnings.simplefilter("ignore")  # the experimental corner warns on import
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.tokenizer = build_char_tokenizer()
-        own = dict(OVERRIDES.get(self.name, {}))
-        regime, inner = own.pop("_regime", "carry"), own.pop("_inner", False)
-        if inner:
-            cls = registered_methods()[self.name].config_cls
-            outer = cls.model_fields["outer_iterations"].default
+        cls = registered_methods()[self.name]
+        own: dict[str, Any] = {}
+        regime = cls.lora_regimes[0] if cls.lora_regimes else "carry"
+        if self.name in INNER_BUDGET:
+            outer = cls.config_cls.model_fields["outer_iterations"].default
             own["inner_steps"] = max(1, self.args.steps // outer)
-        cfg = registered_methods()[self.name].config_cls.model_validate(own)
+        cfg = cls.config_cls.model_validate(own)
         self.method: Method = create_method(cfg)
         self.regime = regime if self.mode == "lora" else None
         finetune = {"mode": self.mode, "lora": {"regime": regime}}
@@ -132,24 +128,18 @@ class Bench:
             sequence=self.sequence[:2],
         )
 
-    def _start(self, index: int, n_train: int) -> tuple[TaskContext, list[Any]]:
+    def _session(self, index: int, n_train: int) -> TaskSession:
         self.finetuner.begin_task(index)
         self.finetuner.model.to(self.device)
         ctx = self._context(index, n_train)
-        if self.method.uses(Capability.TASK_START):
-            self.method.on_task_start(ctx)
         self._stand_ins(ctx)
-        hooks = self.method.uses(Capability.ACTIVATION_HOOKS)
-        return ctx, self.method.register_hooks(ctx) if hooks else []
+        return TaskSession(self.method, ctx, self.tokenizer.pad_token_id, out_dir=self.work)
 
-    def _end(self, ctx: TaskContext, handles: list[Any], stats: TrainStats) -> None:
-        for handle in handles:
-            handle.remove()
+    def _end(self, session: TaskSession, stats: TrainStats) -> None:
         self.finetuner.end_task()
-        ctx.model = self.finetuner.model
-        if self.method.uses(Capability.TASK_END):
-            self.method.on_task_end(TaskEndContext(ctx, {}, stats))
-        self.done = ctx.task_index
+        session.ctx.model = self.finetuner.model
+        session.end({}, stats)
+        self.done = session.ctx.task_index
 
     def _stand_ins(self, ctx: TaskContext) -> None:
         """SAE-FD's random SAE; a random attribution map where the past tasks left none."""
@@ -171,70 +161,32 @@ class Bench:
     def _plan(self, steps: int, seed: int) -> TrainPlan:
         return TrainPlan(steps=steps, batch_size=self.args.batch_size, lr=1e-3, seed=seed)
 
-    def _stage(self, ctx: TaskContext, plan: TrainPlan, inner: list[float]) -> TrainStats:
-        """The method's own stage, with the runner's ``sft`` closure; step times into ``inner``."""
-        loop = StepLoop(ctx.model, self.method, ctx, self.tokenizer.pad_token_id)
-
-        def sft(
-            features: list[Features] | None = None,
-            loss_fn: Any = None,
-            steps: int | None = None,
-            lr: float | None = None,
-            label: str = "train",
-            model: torch.nn.Module | None = None,
-        ) -> TrainStats:
-            sub = TrainPlan(**{**plan.__dict__, "steps": steps or plan.steps, "lr": lr or plan.lr})
-            runner = loop if model is None else StepLoop(model, self.method, ctx, loop.pad_id)
-            stamps: list[float] = []
-            runner.on_step = lambda name, terms: stamps.append(time.perf_counter())
-            start = time.perf_counter()
-            stats = runner.run(
-                features if features is not None else ctx.train_features, sub, loss_fn, label
-            )
-            if label != "reference":
-                inner.extend(b - a for a, b in zip([start, *stamps[:-1]], stamps, strict=True))
-            return stats
-
-        return self.method.train_task(Stage(ctx=ctx, sft=sft, out_dir=self.work, plan=plan))
-
     def past_task(self) -> None:
         """One more past task, ``--state-steps`` steps long."""
-        index = self.done + 1
-        ctx, handles = self._start(index, self.args.past_n_train)
-        plan = self._plan(self.args.state_steps, seed=index)
-        try:
-            if self.method.uses(Capability.TRAIN_STAGE):
-                stats = self._stage(ctx, plan, [])
-            else:
-                stats = StepLoop(ctx.model, self.method, ctx, self.tokenizer.pad_token_id).run(
-                    ctx.train_features, plan
-                )
-        except Exception:
-            for handle in handles:
-                handle.remove()
-            raise
-        self._end(ctx, handles, stats)
+        session = self._session(self.done + 1, self.args.past_n_train)
+        stats = session.train(self._plan(self.args.state_steps, seed=self.done + 1))
+        self._end(session, stats)
 
     def timed_task(self) -> dict[str, Any]:
         """The next task, timed; it then counts as a past task (its end-of-task work is done)."""
         index = self.done + 1
-        ctx, handles = self._start(index, self.args.n_train)
-        counter = TokenCounter(ctx.model)
+        session = self._session(index, self.args.n_train)
+        counter = TokenCounter(session.ctx.model)
         if self.method.uses(Capability.TRAIN_STAGE):
-            inner: list[float] = []
             hwm = start_window(self.device)
             start = time.perf_counter()
-            stats = self._stage(ctx, self._plan(self.args.steps, seed=1), inner)
+            stats = session.train(self._plan(self.args.steps, seed=1))
             seconds = time.perf_counter() - start
             peak, measure = peak_mb(self.device, hwm)
+            inner = [t for c in session.calls if c.label != "reference" for t in c.step_seconds()]
             times = inner or [seconds / max(1, self.args.steps)]
         else:
-            loop = StepLoop(ctx.model, self.method, ctx, self.tokenizer.pad_token_id)
-            timing = timed_steps(loop, ctx.train_features, self.args)
+            with session.started():
+                timing = timed_steps(session.loop(), session.ctx.train_features, self.args)
             times, peak, measure = timing["times"], timing["peak_mb"], timing["memory"]
             seconds, stats = sum(times), TrainStats(steps=len(times))
         tokens = counter.close()
-        self._end(ctx, handles, stats)
+        self._end(session, stats)
         return {
             "task_index": index,
             "past_tasks": index - 1,
@@ -290,9 +242,8 @@ class Control:
     def __init__(self, args: argparse.Namespace) -> None:
         self.bench = Bench("seq_ft", "full", args)
         self.args = argparse.Namespace(**{**vars(args), "steps": args.control_steps})
-        self.ctx, _ = self.bench._start(1, args.past_n_train)
-        pad = self.bench.tokenizer.pad_token_id
-        self.loop = StepLoop(self.ctx.model, self.bench.method, self.ctx, pad)
+        session = self.bench._session(1, args.past_n_train)
+        self.ctx, self.loop = session.ctx, session.loop()
 
     def step_times(self, index: int) -> tuple[list[float], float]:
         """``--warmup`` then ``--control-steps`` steps on task ``index``'s data: their times and

@@ -107,7 +107,7 @@ def run_forked(fn: Callable[..., Any], *args: Any) -> Any:
 def timed_steps(loop: Any, features: list[Any], args: argparse.Namespace) -> dict[str, Any]:
     """Warm ``loop`` up for ``args.warmup`` steps, then time ``args.steps`` steps one by one and
     measure the window's peak memory: ``{"times": [...], "peak_mb": ..., "memory": ...}``."""
-    from forgetless.engine.loop import TrainPlan
+    from forgetless.contract.plan import TrainPlan
 
     stamps: list[float] = []
     loop.on_step = lambda name, terms: stamps.append(time.perf_counter())

@@ -34,14 +34,14 @@ from typing import Any
 import torch
 from peak_memory import add_step_args, run_forked, timed_steps  # benchmarks/ is on sys.path
 
-from forgetless.config.demo import SMALL_MODEL
+from forgetless.config.presets import SMALL_MODEL
 from forgetless.config.schema import FinetuneConfig, ModelConfig, TinyModelConfig
 from forgetless.contract.method import Method, RunInfo, TaskContext, create_method
 from forgetless.core.storage import atomic_write_json
 from forgetless.engine.loop import StepLoop
 from forgetless.methods.sae_fd import SAEFD, SAEFDConfig
 from forgetless.methods.seq_ft import SeqFTConfig
-from forgetless.models.adapters import Finetuner
+from forgetless.models.finetuner import Finetuner
 from forgetless.models.tiny import build_char_tokenizer, build_tiny_model
 from forgetless.sae.gated import GatedSAE, GatedSAEConfig, freeze
 from forgetless.sae.train import input_scale

@@ -21,8 +21,9 @@ from transformers import Trainer, TrainingArguments
 
 from forgetless.config.schema import ModelConfig
 from forgetless.contract.method import RunInfo, TaskContext, create_method
+from forgetless.contract.plan import TrainPlan
 from forgetless.core.storage import atomic_write_json
-from forgetless.engine.loop import StepLoop, TrainPlan
+from forgetless.engine.loop import StepLoop
 from forgetless.methods.seq_ft import SeqFTConfig
 from forgetless.models.tiny import build_char_tokenizer, build_tiny_model
 from forgetless.tasks.builtin import build_builtin_task

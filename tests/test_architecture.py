@@ -30,6 +30,7 @@ FLOORS: list[tuple[int, str]] = [
     (8, "forgetless.methods"),
     (9, "forgetless.training"),
     (9, "forgetless.bench"),
+    (9, "forgetless.testing"),
     (10, "forgetless.diagnostics"),
     (10, "forgetless.report"),
     (11, "forgetless.cli"),

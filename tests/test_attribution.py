@@ -360,8 +360,8 @@ def _own_predictions(model: nn.Module, n: int) -> list[dict[str, list[int]]]:
 
 def test_task_end_maps_correct_samples_into_half_precision(tmp_path: Path) -> None:
     from forgetless.contract.method import RunInfo, TaskContext, TaskEndContext
-    from forgetless.engine.loop import TrainStats
-    from forgetless.eval.scoring import EvalResult
+    from forgetless.contract.plan import TrainStats
+    from forgetless.eval.generation import EvalResult
     from forgetless.tasks.base import Example, Task
 
     model = _tiny("qwen2")

@@ -104,7 +104,7 @@ def test_run_report(tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.Mo
 
 
 def test_compare_reports_only_separated_intervals() -> None:
-    from forgetless.bench.runner import compare
+    from forgetless.bench.sweep import compare
 
     low = {"mean": -0.9, "low": -0.95, "high": -0.85, "n": 3}
     high = {"mean": -0.2, "low": -0.3, "high": -0.1, "n": 3}

@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from forgetless.config.demo import demo_config_dict
 from forgetless.config.loading import apply_override, load_config, validate_config
+from forgetless.config.presets import demo_config_dict
 from forgetless.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]

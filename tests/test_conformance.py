@@ -15,42 +15,23 @@ from safetensors.torch import load_file
 from forgetless.config.loading import validate_config
 from forgetless.contract import Capability, create_method, registered_methods
 from forgetless.core.storage import load_method_state, save_method_state
+from forgetless.testing import smoke_method
 from forgetless.training.runner import Runner
 
-# Config per registered method for the contract run; adding a method without a case fails below.
-METHOD_CASES: dict[str, dict[str, Any]] = {
-    "seq_ft": {"name": "seq_ft"},
-    "o_lora": {"name": "o_lora", "_finetune": {"lora": {"regime": "per_task"}}},
-    "freeze": {"name": "freeze", "train_top_layers": 1},
-    "replay": {"name": "replay", "buffer_size": 16, "ratio": 0.5},
-    "mtl": {"name": "mtl"},
-    "ewc": {"name": "ewc", "lam": 1e4, "fisher_samples": 8, "fisher_batch_size": 4},
-    "kl_sft": {"name": "kl_sft", "beta": 0.1},
-    "low_lr": {"name": "low_lr", "lr_scale": 0.1},
-    "anchored": {"name": "anchored", "outer_iterations": 2, "inner_steps": 2, "top_k": 8},
-    "sae_fd": {"name": "sae_fd", "sae_cache": "run", "sae": {"steps": 20, "n_per_task": 4}},
-    "task_arithmetic": {"name": "task_arithmetic", "scaling": 0.5},
-    "ties": {"name": "ties", "density": 0.5},
-    "opcm": {"name": "opcm", "alpha": 0.5},
-    "gcwm": {"name": "gcwm", "rank": 4},
-    "attribution_gate": {"name": "attribution_gate", "max_samples": 4},
-    "rl": {"name": "rl", "rl_steps": 2, "prompts_per_step": 2, "group_size": 2, "beta": 0.1},
-}
+BUILTIN = sorted(
+    n for n, c in registered_methods().items() if c.__module__.startswith("forgetless.methods.")
+)
 
 
-def test_matrix_covers_the_registry() -> None:
-    builtin = {
-        name
-        for name, cls in registered_methods().items()
-        if cls.__module__.startswith("forgetless.methods.")
-    }
-    assert set(METHOD_CASES) == builtin
+def test_every_builtin_smoke_config_validates() -> None:
+    for name in BUILTIN:
+        method, finetune = smoke_method(name)
+        validate_config({"tasks": ["reverse"], "method": method, "finetune": finetune})
 
 
 def _case(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A case's method config, and its own finetune settings (``_finetune``, e.g. a regime)."""
-    case = dict(METHOD_CASES[name])
-    return case, case.pop("_finetune", {})
+    """A method's smoke config and the fine-tuning it needs, from the registry."""
+    return smoke_method(name)
 
 
 def _run(model_dir: Path, out: Path, name: str, finetune: str) -> dict[str, Any]:
@@ -66,7 +47,7 @@ def _run(model_dir: Path, out: Path, name: str, finetune: str) -> dict[str, Any]
 
 
 @pytest.mark.parametrize("finetune", ["full", "lora"])
-@pytest.mark.parametrize("name", sorted(registered_methods()))
+@pytest.mark.parametrize("name", BUILTIN)
 def test_method_contract(name: str, finetune: str, tiny_model_dir: Path, tmp_path: Path) -> None:
     cls = registered_methods()[name]
     if finetune == "full" and cls.lora_regimes:
@@ -91,7 +72,7 @@ def _same_checkpoint(a: Path, b: Path) -> None:
         assert all(torch.equal(left[k], right[k]) for k in left), file
 
 
-@pytest.mark.parametrize("name", sorted(registered_methods()))
+@pytest.mark.parametrize("name", BUILTIN)
 def test_state_dict_round_trip(name: str, tmp_path: Path) -> None:
     method = create_method(registered_methods()[name].config_cls.model_validate(_case(name)[0]))
     state = method.state_dict()

@@ -15,6 +15,12 @@ from rich.console import Console
 
 from forgetless.cli.app import main
 from forgetless.config.loading import validate_config
+from forgetless.diagnostics.diagnose_geometry import (
+    fisher_interval,
+    pearson,
+    retention_changes,
+    spearman,
+)
 from forgetless.diagnostics.geometry import (
     Geometry,
     bures_wasserstein_sq,
@@ -25,12 +31,6 @@ from forgetless.diagnostics.geometry import (
     normalized_bw_sq,
     pairwise_conflict,
     trace_normalized,
-)
-from forgetless.diagnostics.geometry_run import (
-    fisher_interval,
-    pearson,
-    retention_changes,
-    spearman,
 )
 from forgetless.training.runner import Runner
 

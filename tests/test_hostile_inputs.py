@@ -409,7 +409,7 @@ def test_foreign_and_truncated_files_in_out_are_one_line(
 
 
 def test_damaged_step_state_is_one_line(tmp_path: Path) -> None:
-    from forgetless.engine.loop import TrainPlan
+    from forgetless.contract.plan import TrainPlan
     from forgetless.engine.step_checkpoint import StepCheckpointer, plan_fingerprint
     from forgetless.errors import CheckpointError
     from forgetless.methods.seq_ft import SeqFT, SeqFTConfig

@@ -7,9 +7,9 @@ import sys
 
 ENTRY_MODULES = [
     "forgetless.core.storage",
-    "forgetless.diagnostics.geometry_run",
+    "forgetless.diagnostics.diagnose_geometry",
     "forgetless.sae.activations",
-    "forgetless.bench.runner",
+    "forgetless.bench.sweep",
     "forgetless.report.render",
     "forgetless.cli.app",
 ]

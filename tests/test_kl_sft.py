@@ -15,7 +15,7 @@ from forgetless.config.loading import validate_config
 from forgetless.config.schema import ModelConfig
 from forgetless.contract.method import Capability, StepContext
 from forgetless.eval import metrics
-from forgetless.eval.scoring import completion_logprobs, kl_drift
+from forgetless.eval.generation import completion_logprobs, kl_drift
 from forgetless.methods.kl_sft import KLSFT, KLSFTConfig, token_kl
 from forgetless.models.loading import load_model_and_tokenizer
 from forgetless.training.runner import Runner, load_tasks

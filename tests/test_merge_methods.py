@@ -13,10 +13,10 @@ from torch import nn
 
 from forgetless.contract import Method, create_method, registered_methods
 from forgetless.contract.method import Stage
+from forgetless.contract.plan import TrainStats
 from forgetless.core.registry import lora_rule_broken
 from forgetless.core.storage import load_method_state, save_method_state
 from forgetless.diagnostics.geometry import LowRank
-from forgetless.engine.loop import TrainStats
 from forgetless.merging import ties_merge
 
 

@@ -119,3 +119,39 @@ def test_opcm_of_a_zero_merged_update_keeps_the_task_vector() -> None:
 def test_opcm_lambda_keeps_the_mean_task_norm() -> None:
     assert opcm_lambda(6.0, [2.0, 4.0]) == pytest.approx(2.0)
     assert opcm_lambda(0.0, [1.0]) == 1.0
+
+
+def test_one_default_per_rule_for_the_merge_and_the_method() -> None:
+    from forgetless.merging.config import OPCMMerge, TaskArithmeticMerge, TiesMerge
+    from forgetless.methods.opcm import OPCMConfig
+    from forgetless.methods.task_arithmetic import TaskArithmeticConfig
+    from forgetless.methods.ties import TiesConfig
+
+    pairs = [
+        (TaskArithmeticMerge(name="task_arithmetic"), TaskArithmeticConfig()),
+        (TiesMerge(name="ties"), TiesConfig()),
+        (OPCMMerge(name="opcm"), OPCMConfig()),
+    ]
+    for merge, method in pairs:
+        assert merge.model_dump() == method.model_dump()
+
+
+def test_kept_count_rounds_as_the_paper_or_as_mergekit() -> None:
+    from forgetless.merging.ties import kept_count
+
+    assert kept_count(10, 0.25) == 3 and kept_count(10, 0.25, "floor") == 2
+    assert kept_count(3, 0.2, "floor") == 1  # mergekit keeps at least one entry
+    assert kept_count(100, 0.2) == 20  # float32 ceil: 0.2·100 is not 21
+
+
+def test_mergekit_ties_by_hand() -> None:
+    # two tasks, weights 1 and 0.5, density 1 (no trimming): entry 0 agrees (+), entry 1 splits
+    # (+2·1 against −3·0.5: + wins), entry 2 sums to exactly 0 (+ wins, as in mergekit).
+    a, b = torch.tensor([1.0, 2.0, 1.0]), torch.tensor([4.0, -3.0, -2.0])
+    merged = ties_merge([a, b], 1.0, [1.0, 0.5], convention="mergekit")
+    expected = torch.tensor([(1.0 + 2.0) / 1.5, 2.0 / 1.0, 1.0 / 1.0])
+    torch.testing.assert_close(merged, expected)
+    summed = ties_merge([a, b], 1.0, [1.0, 0.5], convention="mergekit", normalize=False)
+    torch.testing.assert_close(summed, torch.tensor([3.0, 2.0, 1.0]))
+    paper = ties_merge([a, b], 1.0, [1.0, 0.5])
+    torch.testing.assert_close(paper, torch.tensor([1.5, 2.0, 0.0]))

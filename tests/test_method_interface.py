@@ -24,7 +24,8 @@ from forgetless.contract.method import (
     check_method_class,
     register_method,
 )
-from forgetless.engine.loop import TrainStats, causal_lm_loss
+from forgetless.contract.plan import TrainStats
+from forgetless.engine.loop import causal_lm_loss
 from forgetless.training.runner import Runner
 
 

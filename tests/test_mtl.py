@@ -11,7 +11,7 @@ from rich.console import Console
 from forgetless.config.loading import validate_config
 from forgetless.contract import registered_methods
 from forgetless.contract.method import Stage
-from forgetless.engine.loop import TrainStats
+from forgetless.contract.plan import TrainStats
 from forgetless.methods.mtl import MTL, MTLConfig, joint_steps
 from forgetless.tasks.formatting import Features, encode_example
 from forgetless.training.runner import Runner

@@ -14,8 +14,8 @@ from torch import nn
 
 from forgetless.config.loading import validate_config
 from forgetless.contract.method import RunInfo, StepContext, TaskContext, TaskEndContext
+from forgetless.contract.plan import TrainStats
 from forgetless.core.storage import load_method_state, save_method_state
-from forgetless.engine.loop import TrainStats
 from forgetless.methods.replay import Replay, ReplayConfig, mix_batch, reservoir_update
 from forgetless.tasks.base import Example, Task
 from forgetless.tasks.formatting import Features

@@ -11,7 +11,8 @@ import pytest
 import torch
 from cli_runs import cli, final_state, step_losses, two_processes, write_config
 from conftest import tiny_run_config
-from test_conformance import METHOD_CASES
+
+from forgetless.testing import smoke_method
 
 SLOW = pytest.mark.slow
 CASES = [
@@ -25,7 +26,7 @@ CASES = [
 
 
 def _config(model_dir: Path, method: str, mode: str) -> dict[str, Any]:
-    case = {k: v for k, v in METHOD_CASES[method].items() if not k.startswith("_")}
+    case = smoke_method(method)[0]
     return tiny_run_config(
         model_dir,
         method=case,

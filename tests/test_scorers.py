@@ -23,6 +23,7 @@ from forgetless.config.loading import validate_config
 from forgetless.config.schema import EvalConfig, TaskConfig
 from forgetless.errors import ConfigError, DataError
 from forgetless.eval import scorers
+from forgetless.eval.generation import evaluate_task
 from forgetless.eval.scorers import (
     MultipleChoice,
     build_scorer,
@@ -35,7 +36,6 @@ from forgetless.eval.scorers import (
     score_task,
     startswith_verdict,
 )
-from forgetless.eval.scoring import evaluate_task
 from forgetless.models.tiny import build_char_tokenizer
 from forgetless.tasks.base import Example, Task
 from forgetless.tasks.builtin import build_builtin_task

@@ -18,7 +18,8 @@ import pytest
 import torch
 from cli_runs import assert_whole, cli, final_state, killed_at, results, write_config
 from conftest import tiny_run_config
-from test_conformance import METHOD_CASES
+
+from forgetless.testing import smoke_method
 
 pytestmark = pytest.mark.slow
 STEPS = 6  # per task; step checkpoints every 2 steps, so 3 saves per task
@@ -44,7 +45,7 @@ TIMING = {"train_seconds", "steps_per_second", "tokens_per_second", "peak_memory
 
 
 def _raw(model_dir: Path, method: str, mode: str) -> dict[str, Any]:
-    case = {k: v for k, v in METHOD_CASES[method].items() if not k.startswith("_")}
+    case = smoke_method(method)[0]
     train = {"steps": STEPS, "batch_size": 8, "lr": 1e-3, "max_length": 32, "checkpoint_every": 2}
     return tiny_run_config(
         model_dir, method=case, finetune={"mode": mode, "lora": {"r": 2}}, train=train

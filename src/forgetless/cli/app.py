@@ -64,7 +64,7 @@ def validate(
     config: Annotated[Path, typer.Argument(help="YAML config to check.")], set_: SetOpt = None
 ) -> None:
     """Check a config (and its bench variants) without running anything (exit 2 on error)."""
-    from forgetless.bench.runner import plan_runs
+    from forgetless.bench.sweep import plan_runs
     from forgetless.bench.variants import pop_bench_section
     from forgetless.config.loading import apply_override, read_yaml, validate_config
 
@@ -171,10 +171,10 @@ def bench(
     preset: PresetOpt = "tiny",
 ) -> None:
     """Run methods side by side on one sequence, seeds and budget; write bench.json + report."""
-    from forgetless.bench.runner import run_bench
+    from forgetless.bench.sweep import run_bench
     from forgetless.bench.variants import parse_variant, pop_bench_section
-    from forgetless.config.demo import DEMO_BENCH_METHODS
     from forgetless.config.loading import apply_override, config_data
+    from forgetless.config.presets import DEMO_BENCH_METHODS
     from forgetless.contract import registered_methods
     from forgetless.report.render import HEADERS, bench_table_rows, write_report
 

@@ -32,7 +32,7 @@ def geometry(
     rank: Annotated[int, typer.Option(help="Truncated-SVD rank for full fine-tuning.")] = 64,
 ) -> None:
     """Per task: update norm, conflicts, retention change ΔR; their correlations; a plot."""
-    from forgetless.diagnostics.geometry_run import SIGNALS, diagnose_runs
+    from forgetless.diagnostics.diagnose_geometry import SIGNALS, diagnose_runs
 
     data = diagnose_runs(run_dirs, out, rank)
     table = Table(title="Geometry per task")
@@ -81,7 +81,7 @@ def attribution(
     overlap: Annotated[float, typer.Option(help="Top fraction whose sets are compared.")] = 0.05,
 ) -> None:
     """Per task: the LRP importance map's summary; the overlap of tasks' important sets."""
-    from forgetless.diagnostics.attribution_run import diagnose_attribution
+    from forgetless.diagnostics.diagnose_attribution import diagnose_attribution
 
     data = diagnose_attribution(run_dir, independent, out, samples, top, overlap)
     table = Table(title="Importance map per task (on the checkpoint after it)")
@@ -143,7 +143,7 @@ def circuits(
 ) -> None:
     """Head-level circuits (DBM) of each checkpoint vs the base: size, faithfulness, retention,
     mediation (DCM), specialists, SFT/RL vulnerability; a table and plots."""
-    from forgetless.diagnostics.circuits_run import (
+    from forgetless.diagnostics.diagnose_circuits import (
         TABLE_COLUMNS,
         DBMSettings,
         Thresholds,
@@ -194,7 +194,7 @@ def drift(
     ] = None,
 ) -> None:
     """Output-space KL of each checkpoint against the base on the probes, beside probe accuracy."""
-    from forgetless.diagnostics.drift_run import diagnose_drift
+    from forgetless.diagnostics.diagnose_drift import diagnose_drift
 
     target = out or _common_parent(checkpoints) / "drift.json"
     names = [p.strip() for p in probes.split(",") if p.strip()]

@@ -105,7 +105,7 @@ def validate_config(data: dict[str, Any], source: str = "config") -> RunConfig:
 
 def config_data(path: Path | None, preset: str = "tiny") -> dict[str, Any]:
     """The raw config: a YAML file, or a built-in preset when no file is given."""
-    from forgetless.config.demo import PRESETS
+    from forgetless.config.presets import PRESETS
 
     if path is not None:
         return read_yaml(path)

@@ -22,7 +22,7 @@ from forgetless.core.storage import MethodState
 from forgetless.strict import MethodConfig
 
 if TYPE_CHECKING:
-    from forgetless.eval.scoring import EvalResult
+    from forgetless.eval.generation import EvalResult
     from forgetless.tasks.base import Task
     from forgetless.tasks.formatting import Features
 
@@ -145,6 +145,9 @@ class Method(Generic[ConfigT]):
     """How state tensors (by key prefix) are reduced across processes before they are saved."""
     lora_regimes: ClassVar[tuple[str, ...] | None] = None
     """When set, the method needs ``finetune.mode: lora`` with one of these regimes."""
+    smoke: ClassVar[dict[str, Any]] = {}
+    """Config fields for a seconds-long run on the tiny model: the conformance matrix and the
+    benchmark harness take them from here (the LoRA regime from ``lora_regimes``)."""
     carry_only: ClassVar[str | None] = None
     """When set, why the method needs one adapter for the whole sequence under LoRA (regime
     ``carry``): it keeps per-weight state by name. Checked with ``lora_regimes`` by

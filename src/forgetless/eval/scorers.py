@@ -1,6 +1,7 @@
 """Task scorers behind one small interface, chosen per task in the config.
 
-* exact match of a greedy generation (the default, :func:`forgetless.eval.scoring.evaluate_task`);
+* exact match of a greedy generation (the default,
+  :func:`forgetless.eval.generation.evaluate_task`);
 * generation checks: ``contains``, ``startswith``, a regex extraction, a numeric answer
   (GSM8K-style ``#### 42``);
 * multiple choice by the log-likelihood of each choice given the prompt, with lm-evaluation-
@@ -34,7 +35,7 @@ from forgetless.config.evaluation import (
     StartsWithScorer,
 )
 from forgetless.errors import DataError
-from forgetless.eval.scoring import EvalResult, evaluate_task, generate_completions
+from forgetless.eval.generation import EvalResult, evaluate_task, generate_completions
 from forgetless.tasks.base import Example, Task
 from forgetless.tasks.formatting import encode_prompt
 

@@ -1,4 +1,5 @@
-"""The ``forgetless merge`` YAML schema (mergekit-like) and the GCWM knobs shared with the method.
+"""Each merge rule's parameters, defined once and shared by ``forgetless merge`` and the continual
+merge methods (one config per rule, one default), and the ``forgetless merge`` YAML schema.
 
 ```yaml
 base_model: path/to/base            # a local HF model folder
@@ -96,31 +97,76 @@ class GCWMParams(BaseModel):
         )
 
 
-class TaskArithmeticMerge(Strict):
-    name: Literal["task_arithmetic"] = Field(description="θ = θ₀ + λ Σ w_t τ_t (Ilharco 2023).")
-    scaling: float = Field(1.0, description="λ, applied to the weighted sum of task vectors.")
+class TaskArithmeticParams(BaseModel):
+    """Task arithmetic (Ilharco et al. 2023): ``θ = θ₀ + λ Σ_t w_t τ_t``."""
+
+    scaling: float = Field(
+        1.0,
+        ge=0,
+        description="λ on the weighted sum of task vectors (the paper's and mergekit's 1). Run "
+        "continually, 1 is sequential fine-tuning; the benchmarks pin 0.5.",
+    )
 
 
-class TiesMerge(Strict):
-    name: Literal["ties"] = Field(description="TIES-merging (Yadav et al. 2023).")
-    density: float = Field(0.2, gt=0, le=1, description="k: share of entries kept per tensor.")
-    scaling: float = Field(1.0, description="λ on the merged task vector (paper: 1).")
+class TiesParams(BaseModel):
+    """TIES-merging (Yadav et al. 2023): trim, elect a sign, merge the agreeing entries."""
+
+    density: float = Field(
+        0.2, gt=0, le=1, description="k, the share of entries kept per tensor (paper: top-20%)."
+    )
+    scaling: float = Field(
+        1.0, ge=0, description="λ on the merged task vector (paper: 1 without validation data)."
+    )
+    convention: Literal["paper", "mergekit"] = Field(
+        "paper",
+        description="paper: keep ⌈k·n⌉ entries of each weighted task vector, elect sgn(Σ) (0 where "
+        "the sum is 0), average the agreeing entries by count. mergekit (its ties method, 0.1.5): "
+        "keep ⌊k·n⌋ entries of each unweighted vector, weight them, elect + where the sum is ≥ 0, "
+        "and merge the agreeing ones as set by normalize.",
+    )
+    normalize: bool = Field(
+        True,
+        description="With convention mergekit: divide the agreeing weighted sum by the agreeing "
+        "weights (mergekit's normalize, default true); false keeps the sum.",
+    )
 
 
-class DareMerge(Strict):
-    name: Literal["dare"] = Field(description="DARE then task arithmetic (Yu et al. 2024).")
+class DareParams(BaseModel):
+    """DARE (Yu et al. 2024): drop entries at random, rescale the rest, then task arithmetic."""
+
     drop_rate: float = Field(0.9, ge=0, lt=1, description="p, the share of entries dropped.")
-    scaling: float = Field(1.0, description="λ on the weighted sum of the rescaled vectors.")
+    scaling: float = Field(1.0, ge=0, description="λ on the weighted sum of the rescaled vectors.")
     seed: int = Field(
         0, ge=0, lt=2**32, description="Seed of the drop masks (per tensor and task)."
     )
 
 
-class OPCMMerge(Strict):
-    name: Literal["opcm"] = Field(description="Orthogonal projection continual merging.")
+class OPCMParams(BaseModel):
+    """OPCM (Tang et al. 2025): project each update off the merged update's leading subspace."""
+
     alpha: float = Field(
-        0.5, ge=0, le=1, description="α: share of the nuclear norm whose subspace is protected."
+        0.5,
+        ge=0,
+        le=1,
+        description="α: the leading singular directions of the merged update holding this share "
+        "of its nuclear norm are protected (the authors' scripts use 0.5).",
     )
+
+
+class TaskArithmeticMerge(Strict, TaskArithmeticParams):
+    name: Literal["task_arithmetic"] = Field(description="θ = θ₀ + λ Σ w_t τ_t (Ilharco 2023).")
+
+
+class TiesMerge(Strict, TiesParams):
+    name: Literal["ties"] = Field(description="TIES-merging (Yadav et al. 2023).")
+
+
+class DareMerge(Strict, DareParams):
+    name: Literal["dare"] = Field(description="DARE then task arithmetic (Yu et al. 2024).")
+
+
+class OPCMMerge(Strict, OPCMParams):
+    name: Literal["opcm"] = Field(description="Orthogonal projection continual merging.")
 
 
 class GCWMMerge(Strict, GCWMParams):

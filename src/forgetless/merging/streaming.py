@@ -24,13 +24,10 @@ from forgetless.core.storage import temp_file_name
 from forgetless.core.tensor_files import TIED, WEIGHTS_FILE, TensorFiles, adapter_terms
 from forgetless.errors import ConfigError
 from forgetless.merging import experimental_gcwm
+from forgetless.merging.blocks import is_block_matrix
 from forgetless.merging.config import (
-    DareMerge,
-    GCWMMerge,
     MergeConfig,
     OPCMMerge,
-    TaskArithmeticMerge,
-    TiesMerge,
 )
 from forgetless.merging.dare import dare
 from forgetless.merging.opcm import opcm_accumulate, opcm_lambda
@@ -225,16 +222,6 @@ def dense(delta: Delta | None, like: torch.Tensor) -> torch.Tensor:
     return delta.dense().to(COMPUTE) if isinstance(delta, LowRank) else delta.to(COMPUTE)
 
 
-def is_layer_matrix(name: str, tensor: torch.Tensor) -> bool:
-    """2-D floating weights of the blocks (embeddings and the LM head excluded)."""
-    return (
-        tensor.ndim == 2
-        and tensor.is_floating_point()
-        and "embed" not in name
-        and "lm_head" not in name
-    )
-
-
 @dataclass
 class MergeStats:
     """Per-tensor records of a merge (GCWM conflicts and gates, OPCM's λ)."""
@@ -247,6 +234,58 @@ class MergeStats:
     """Tensors in the merged model."""
 
 
+@dataclass(frozen=True)
+class TensorMerge:
+    """What a merge rule sees of one tensor: its name and position, the base, the tasks' updates
+    and weights, and where per-tensor records go."""
+
+    name: str
+    index: int
+    base: torch.Tensor
+    deltas: list[Delta | None]
+    weights: list[float]
+    stats: MergeStats
+
+    def dense(self) -> list[torch.Tensor]:
+        return [dense(d, self.base) for d in self.deltas]
+
+
+def _task_arithmetic(params: Any, t: TensorMerge) -> torch.Tensor:
+    return float(params.scaling) * weighted_sum(t.dense(), t.weights)
+
+
+def _ties(params: Any, t: TensorMerge) -> torch.Tensor:
+    merged = ties_merge(t.dense(), params.density, t.weights, params.convention, params.normalize)
+    return float(params.scaling) * merged
+
+
+def _dare(params: Any, t: TensorMerge) -> torch.Tensor:
+    kept = []
+    for task, delta in enumerate(t.dense()):
+        gen = torch.Generator().manual_seed(params.seed * 1_000_003 + t.index * 1_009 + task)
+        kept.append(dare(delta, params.drop_rate, gen))
+    return float(params.scaling) * weighted_sum(kept, t.weights)
+
+
+def _gcwm(params: Any, t: TensorMerge) -> torch.Tensor:
+    plain = weighted_sum(t.dense(), t.weights)
+    if not is_block_matrix(t.name, t.base):
+        return plain
+    factored = [_factored(d, t.base, params.rank) for d in t.deltas]
+    layer = experimental_gcwm().gcwm_layer(factored, t.weights, params.options())
+    t.stats.layers[t.name] = {"conflict": layer.conflict, "gate": layer.gate}
+    return plain + layer.correction.dense().to(COMPUTE)
+
+
+TENSOR_RULES: dict[str, Callable[[Any, TensorMerge], torch.Tensor]] = {
+    "task_arithmetic": _task_arithmetic,
+    "ties": _ties,
+    "dare": _dare,
+    "gcwm": _gcwm,
+}
+"""The per-tensor merge of every rule but OPCM, whose λ needs a first pass over the model."""
+
+
 def merge_update(
     cfg: MergeConfig,
     name: str,
@@ -255,28 +294,10 @@ def merge_update(
     deltas: list[Delta | None],
     stats: MergeStats,
 ) -> torch.Tensor:
-    """The merged update of one tensor for every method but OPCM (float32)."""
-    method, weights = cfg.method, [t.weight for t in cfg.tasks]
-    if isinstance(method, TaskArithmeticMerge):
-        return method.scaling * weighted_sum([dense(d, base) for d in deltas], weights)
-    if isinstance(method, TiesMerge):
-        return method.scaling * ties_merge(
-            [dense(d, base) for d in deltas], method.density, weights
-        )
-    if isinstance(method, DareMerge):
-        kept = []
-        for t, d in enumerate(deltas):
-            gen = torch.Generator().manual_seed(method.seed * 1_000_003 + index * 1_009 + t)
-            kept.append(dare(dense(d, base), method.drop_rate, gen))
-        return method.scaling * weighted_sum(kept, weights)
-    assert isinstance(method, GCWMMerge)
-    plain = weighted_sum([dense(d, base) for d in deltas], weights)
-    if not is_layer_matrix(name, base):
-        return plain
-    factored = [_factored(d, base, method.rank) for d in deltas]
-    layer = experimental_gcwm().gcwm_layer(factored, weights, method.options())
-    stats.layers[name] = {"conflict": layer.conflict, "gate": layer.gate}
-    return plain + layer.correction.dense().to(COMPUTE)
+    """The merged update of one tensor (float32), by the rule ``cfg.method`` names."""
+    weights = [t.weight for t in cfg.tasks]
+    tensor = TensorMerge(name, index, base, deltas, weights, stats)
+    return TENSOR_RULES[cfg.method.name](cfg.method, tensor)
 
 
 def _factored(delta: Delta | None, base: torch.Tensor, rank: int) -> LowRank:
@@ -300,7 +321,7 @@ def _opcm_layer(
     for d in deltas:
         delta = dense(d, base)
         norms.append(float(delta.pow(2).sum()))
-        accumulated = opcm_accumulate(accumulated, delta, alpha, is_layer_matrix(name, base))
+        accumulated = opcm_accumulate(accumulated, delta, alpha, is_block_matrix(name, base))
     assert accumulated is not None
     return accumulated, norms
 

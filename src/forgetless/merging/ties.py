@@ -9,12 +9,21 @@ import torch
 COMPUTE = torch.float32
 
 
-def trim_top_k(delta: torch.Tensor, density: float) -> torch.Tensor:
-    """Keep the ``⌈density·n⌉`` largest-magnitude entries of ``delta``, zero the rest (step 1)."""
+def kept_count(n: int, density: float, rounding: str = "ceil") -> int:
+    """How many of ``n`` entries a density keeps: ``⌈density·n⌉`` (the paper's top-k%), or
+    ``⌊density·n⌋`` and at least one, as mergekit's magnitude sparsification rounds."""
+    exact = density * n
+    if rounding == "floor":
+        return max(1, int(exact)) if density > 0 and n else 0
+    return int(torch.ceil(torch.tensor(exact)).item())  # float32, as the paper rule always has
+
+
+def trim_top_k(delta: torch.Tensor, density: float, rounding: str = "ceil") -> torch.Tensor:
+    """Keep the ``kept_count`` largest-magnitude entries of ``delta``, zero the rest (step 1)."""
     if not 0.0 <= density <= 1.0:
         raise ValueError(f"density must be in [0, 1], got {density}")
     flat = delta.to(COMPUTE).flatten()
-    keep = int(torch.ceil(torch.tensor(density * flat.numel())).item())
+    keep = kept_count(flat.numel(), density, rounding)
     if keep >= flat.numel():
         return flat.view_as(delta).clone()
     out = torch.zeros_like(flat)
@@ -38,17 +47,41 @@ def disjoint_mean(trimmed: Sequence[torch.Tensor], sign: torch.Tensor) -> torch.
 
 
 def ties_merge(
-    deltas: Sequence[torch.Tensor], density: float, weights: Sequence[float] | None = None
+    deltas: Sequence[torch.Tensor],
+    density: float,
+    weights: Sequence[float] | None = None,
+    convention: str = "paper",
+    normalize: bool = True,
 ) -> torch.Tensor:
     """The TIES merged task vector ``τ_m`` (Yadav et al. 2023, "TIES-Merging: Resolving
     Interference When Merging Models", NeurIPS, Alg. 1); the caller adds ``λ·τ_m`` to the base.
 
-    ``weights`` (default 1) scale each task vector before trimming, as mergekit does.
+    ``weights`` (default 1) scale each task vector. ``convention="mergekit"`` follows mergekit's
+    ``ties`` instead (see ``TiesParams``): ⌊k·n⌋ kept of the unweighted vectors, + elected where
+    the weighted sum is ≥ 0, and the agreeing weighted entries summed, divided by the agreeing
+    weights when ``normalize``.
     """
     if not deltas:
         raise ValueError("ties_merge needs at least one task vector")
     weights = [1.0] * len(deltas) if weights is None else list(weights)
     if len(weights) != len(deltas):
         raise ValueError(f"{len(deltas)} task vectors but {len(weights)} weights")
+    if convention == "mergekit":
+        return _mergekit_ties(deltas, density, weights, normalize)
     trimmed = [trim_top_k(d.to(COMPUTE) * w, density) for d, w in zip(deltas, weights, strict=True)]
     return disjoint_mean(trimmed, elect_sign(trimmed))
+
+
+def _mergekit_ties(
+    deltas: Sequence[torch.Tensor], density: float, weights: Sequence[float], normalize: bool
+) -> torch.Tensor:
+    kept = torch.stack([trim_top_k(d, density, rounding="floor") for d in deltas])
+    w = torch.tensor(list(weights), dtype=COMPUTE).view(-1, *([1] * (kept.ndim - 1)))
+    weighted = kept * w
+    majority = torch.where(weighted.sum(dim=0) >= 0, 1.0, -1.0)
+    agree = (torch.sign(weighted) == majority.unsqueeze(0)).to(COMPUTE)
+    merged = (weighted * agree).sum(dim=0)
+    if not normalize:
+        return merged
+    divisor = (w * agree).sum(dim=0)
+    return merged / torch.where(divisor == 0, torch.ones_like(divisor), divisor)

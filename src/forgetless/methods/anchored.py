@@ -8,7 +8,7 @@ import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from pydantic import Field
@@ -26,7 +26,8 @@ from forgetless.contract.method import (
     TaskContext,
     register_method,
 )
-from forgetless.engine.loop import TrainStats, steps_for_epochs
+from forgetless.contract.plan import TrainStats
+from forgetless.engine.loop import steps_for_epochs
 from forgetless.engine.resources import peak_memory_mb
 from forgetless.errors import ConfigError, ModelLoadError, TrainingError
 from forgetless.methods.anchored_math import (
@@ -190,6 +191,7 @@ class Anchored(Method[AnchoredConfig]):
 
     name = "anchored"
     config_cls = AnchoredConfig
+    smoke: ClassVar[dict[str, Any]] = {"outer_iterations": 2, "inner_steps": 2, "top_k": 8}
     capabilities = frozenset({Capability.TRAIN_STAGE})
 
     def __init__(self, config: AnchoredConfig) -> None:

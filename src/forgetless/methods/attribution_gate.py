@@ -76,6 +76,7 @@ class AttributionGate(Method[AttributionGateConfig]):
     name = "attribution_gate"
     carry_only = "keeps its map by parameter name"
     config_cls = AttributionGateConfig
+    smoke: ClassVar[dict[str, Any]] = {"max_samples": 4}
     capabilities = frozenset(
         {
             Capability.UPDATE_GATE,

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from forgetless.contract.method import Stage, trainable_parameters
-from forgetless.engine.loop import TrainStats
+from forgetless.contract.plan import TrainStats
 
 Tensors = dict[str, torch.Tensor]
 Increment = Callable[[Tensors, Stage], Tensors]

@@ -108,6 +108,7 @@ class EWC(Method[EWCConfig]):
     name = "ewc"
     carry_only = "anchors weights by name"
     config_cls = EWCConfig
+    smoke: ClassVar[dict[str, Any]] = {"lam": 1e4, "fisher_samples": 8, "fisher_batch_size": 4}
     capabilities = frozenset({Capability.LOSS_TERMS, Capability.TASK_END, Capability.STATE})
     reduce_ops: ClassVar[Mapping[str, ReduceOp]] = {"fisher": "mean"}
 

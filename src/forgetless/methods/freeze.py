@@ -8,7 +8,7 @@ chosen layers train).
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
@@ -87,6 +87,7 @@ class Freeze(Method[FreezeConfig]):
 
     name = "freeze"
     config_cls = FreezeConfig
+    smoke: ClassVar[dict[str, Any]] = {"train_top_layers": 1}
     capabilities = frozenset({Capability.TASK_START})
 
     def __init__(self, config: FreezeConfig) -> None:

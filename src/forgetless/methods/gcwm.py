@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
@@ -14,8 +14,9 @@ from forgetless.contract.method import (
     Stage,
     register_method,
 )
+from forgetless.contract.plan import TrainStats
 from forgetless.diagnostics.geometry import LowRank
-from forgetless.engine.loop import TrainStats
+from forgetless.merging.blocks import is_block_matrix
 from forgetless.merging.config import GCWMParams
 from forgetless.methods.continual_merge import Tensors, train_then_merge
 
@@ -28,10 +29,6 @@ class GCWMConfig(MethodConfig, GCWMParams):
         description="w, each task's weight in the plain branch Σ_t w Δ_t and in the consensus "
         "(1: the plain branch is sequential fine-tuning). Toolkit default.",
     )
-
-
-def _is_matrix(name: str, shape: tuple[int, ...]) -> bool:
-    return len(shape) == 2 and "embed" not in name and "lm_head" not in name
 
 
 @register_method
@@ -48,6 +45,7 @@ class GCWM(Method[GCWMConfig]):
     name = "gcwm"
     carry_only = "merges the trainable weights"
     config_cls = GCWMConfig
+    smoke: ClassVar[dict[str, Any]] = {"rank": 4}
     capabilities = frozenset({Capability.TRAIN_STAGE, Capability.STATE})
 
     def __init__(self, config: GCWMConfig) -> None:
@@ -66,7 +64,7 @@ class GCWM(Method[GCWMConfig]):
             out, conflicts, gates = {}, [], []
             for name, delta in deltas.items():
                 out[name] = self.config.scaling * delta
-                if not _is_matrix(name, tuple(delta.shape)):
+                if not is_block_matrix(name, delta):
                     continue
                 factors = truncate(delta.cpu(), self.config.rank)[0]
                 own[name] = {"left": factors.left, "right": factors.right}

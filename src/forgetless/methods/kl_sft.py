@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from pydantic import Field
@@ -83,6 +83,7 @@ class KLSFT(Method[KLSFTConfig]):
 
     name = "kl_sft"
     config_cls = KLSFTConfig
+    smoke: ClassVar[dict[str, Any]] = {"beta": 0.1}
     capabilities = frozenset({Capability.TASK_START, Capability.LOSS_TERMS})
 
     def __init__(self, config: KLSFTConfig) -> None:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
 from forgetless.contract.method import Capability, Method, MethodConfig, Stage, register_method
-from forgetless.engine.loop import TrainStats
+from forgetless.contract.plan import TrainStats
 
 
 def scaled_lr(lr: float, lr_scale: float) -> float:
@@ -36,6 +36,7 @@ class LowLR(Method[LowLRConfig]):
 
     name = "low_lr"
     config_cls = LowLRConfig
+    smoke: ClassVar[dict[str, Any]] = {"lr_scale": 0.1}
     capabilities = frozenset({Capability.TRAIN_STAGE})
 
     def __init__(self, config: LowLRConfig) -> None:

@@ -8,7 +8,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field
 
 from forgetless.contract.method import Capability, Method, MethodConfig, Stage, register_method
-from forgetless.engine.loop import TrainStats
+from forgetless.contract.plan import TrainStats
 from forgetless.tasks.base import Task
 from forgetless.tasks.formatting import Features, encode_example
 

@@ -57,7 +57,7 @@ def l2_loss(params: Iterable[Tensor]) -> Tensor:
 
 
 def adapter_name(task_index: int) -> str:
-    """The ``per_task`` regime's adapter for a 1-based task index (see ``models/adapters.py``)."""
+    """The ``per_task`` regime's adapter for a 1-based task index (see ``models/finetuner.py``)."""
     return f"task_{task_index}"
 
 

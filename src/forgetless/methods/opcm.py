@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-import torch
 from pydantic import Field
 
 from forgetless.contract.method import (
@@ -15,25 +14,15 @@ from forgetless.contract.method import (
     Stage,
     register_method,
 )
-from forgetless.engine.loop import TrainStats
+from forgetless.contract.plan import TrainStats
+from forgetless.merging.blocks import is_block_matrix
+from forgetless.merging.config import OPCMParams
 from forgetless.merging.opcm import opcm_accumulate, opcm_lambda
 from forgetless.methods.continual_merge import Tensors, train_then_merge
 
 
-class OPCMConfig(MethodConfig):
+class OPCMConfig(MethodConfig, OPCMParams):
     name: Literal["opcm"] = Field("opcm", description="Orthogonal projection continual merging.")
-    alpha: float = Field(
-        0.5,
-        ge=0,
-        le=1,
-        description="α: the leading singular directions of the merged update holding this share "
-        "of its nuclear norm are protected (the authors' scripts use 0.5).",
-    )
-
-
-def _projects(name: str, tensor: torch.Tensor) -> bool:
-    """Matrices of the blocks (OPCM projects linear layers; embeddings and biases are added)."""
-    return tensor.ndim == 2 and "embed" not in name and "lm_head" not in name
 
 
 @register_method
@@ -49,6 +38,7 @@ class OPCM(Method[OPCMConfig]):
     name = "opcm"
     carry_only = "merges the trainable weights"
     config_cls = OPCMConfig
+    smoke: ClassVar[dict[str, Any]] = {"alpha": 0.5}
     capabilities = frozenset({Capability.TRAIN_STAGE, Capability.STATE})
 
     def __init__(self, config: OPCMConfig) -> None:
@@ -67,7 +57,7 @@ class OPCM(Method[OPCMConfig]):
                     self.accumulated[n].to(d.device) if n in self.accumulated else None,
                     d,
                     self.config.alpha,
-                    _projects(n, d),
+                    is_block_matrix(n, d),
                 )
                 for n, d in deltas.items()
             }

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable, Sequence
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
@@ -118,6 +118,7 @@ class Replay(Method[ReplayConfig]):
 
     name = "replay"
     config_cls = ReplayConfig
+    smoke: ClassVar[dict[str, Any]] = {"buffer_size": 16, "ratio": 0.5}
     capabilities = frozenset({Capability.BATCH_TRANSFORM, Capability.TASK_END, Capability.STATE})
 
     def __init__(self, config: ReplayConfig) -> None:

@@ -7,7 +7,7 @@ import math
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from pydantic import Field
@@ -15,7 +15,8 @@ from torch import nn
 from transformers import PrinterCallback, TrainerCallback
 
 from forgetless.contract.method import Capability, Method, MethodConfig, Stage, register_method
-from forgetless.engine.loop import TrainStats, steps_for_epochs
+from forgetless.contract.plan import TrainStats
+from forgetless.engine.loop import steps_for_epochs
 from forgetless.engine.resources import peak_memory_mb
 from forgetless.errors import ConfigError
 from forgetless.tasks.base import Scorer, Task
@@ -174,6 +175,12 @@ class RL(Method[RLConfig]):
 
     name = "rl"
     config_cls = RLConfig
+    smoke: ClassVar[dict[str, Any]] = {
+        "rl_steps": 2,
+        "prompts_per_step": 2,
+        "group_size": 2,
+        "beta": 0.1,
+    }
     capabilities = frozenset({Capability.TRAIN_STAGE})
 
     def __init__(self, config: RLConfig) -> None:

@@ -12,7 +12,7 @@ import math
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Any, ClassVar, Literal, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -346,6 +346,7 @@ class SAEFD(Method[SAEFDConfig]):
 
     name = "sae_fd"
     config_cls = SAEFDConfig
+    smoke: ClassVar[dict[str, Any]] = {"sae_cache": "run", "sae": {"steps": 20, "n_per_task": 4}}
     capabilities = frozenset(
         {
             Capability.BATCH_TRANSFORM,

@@ -2,24 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
 from forgetless.contract.method import Capability, Method, MethodConfig, Stage, register_method
-from forgetless.engine.loop import TrainStats
+from forgetless.contract.plan import TrainStats
+from forgetless.merging.config import TaskArithmeticParams
 from forgetless.methods.continual_merge import Tensors, train_then_merge
 
 
-class TaskArithmeticConfig(MethodConfig):
+class TaskArithmeticConfig(MethodConfig, TaskArithmeticParams):
     name: Literal["task_arithmetic"] = Field(
         "task_arithmetic", description="Continual task arithmetic."
-    )
-    scaling: float = Field(
-        0.5,
-        ge=0,
-        description="λ in θ_t = θ_0 + λ Σ_i Δ_i. Ilharco et al. pick λ on held-out data from "
-        "[0, 1]; 1 reproduces sequential fine-tuning. Toolkit default 0.5.",
     )
 
 
@@ -33,6 +28,7 @@ class TaskArithmetic(Method[TaskArithmeticConfig]):
     name = "task_arithmetic"
     carry_only = "merges the trainable weights"
     config_cls = TaskArithmeticConfig
+    smoke: ClassVar[dict[str, Any]] = {"scaling": 0.5}
     capabilities = frozenset({Capability.TRAIN_STAGE})
 
     def __init__(self, config: TaskArithmeticConfig) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from pydantic import Field
@@ -15,19 +15,14 @@ from forgetless.contract.method import (
     Stage,
     register_method,
 )
-from forgetless.engine.loop import TrainStats
+from forgetless.contract.plan import TrainStats
+from forgetless.merging.config import TiesParams
 from forgetless.merging.ties import ties_merge
 from forgetless.methods.continual_merge import Tensors, train_then_merge
 
 
-class TiesConfig(MethodConfig):
+class TiesConfig(MethodConfig, TiesParams):
     name: Literal["ties"] = Field("ties", description="Continual TIES-merging.")
-    density: float = Field(
-        0.2, gt=0, le=1, description="k, the share of entries kept per tensor (paper: top-20%)."
-    )
-    scaling: float = Field(
-        1.0, ge=0, description="λ on the merged task vector (paper: 1 without validation data)."
-    )
 
 
 @register_method
@@ -42,6 +37,7 @@ class Ties(Method[TiesConfig]):
     name = "ties"
     carry_only = "merges the trainable weights"
     config_cls = TiesConfig
+    smoke: ClassVar[dict[str, Any]] = {"density": 0.5}
     capabilities = frozenset({Capability.TRAIN_STAGE, Capability.STATE})
 
     def __init__(self, config: TiesConfig) -> None:
@@ -50,7 +46,10 @@ class Ties(Method[TiesConfig]):
 
     def _merged(self, name: str, upto: int, device: torch.device) -> torch.Tensor | None:
         vectors = [u[name].to(device) for u in self.updates[:upto]]
-        return ties_merge(vectors, self.config.density) if vectors else None
+        if not vectors:
+            return None
+        cfg = self.config
+        return ties_merge(vectors, cfg.density, None, cfg.convention, cfg.normalize)
 
     def train_task(self, stage: Stage) -> TrainStats:
         def increment(deltas: Tensors, _: Stage) -> Tensors:

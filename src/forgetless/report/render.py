@@ -140,7 +140,7 @@ def sections_for_run(
 def sections_for_bench(
     bench: dict[str, Any], folder: Path
 ) -> tuple[str, list[Section], list[Path]]:
-    from forgetless.bench.runner import aggregate  # rows always follow today's aggregation
+    from forgetless.bench.sweep import aggregate  # rows always follow today's aggregation
     from forgetless.bench.variants import Variant
 
     bench = {**bench, "rows": aggregate(bench["runs"], [Variant(**v) for v in bench["variants"]])}

@@ -13,11 +13,12 @@ from transformers.utils import logging as hf_logging
 
 from forgetless.config.schema import ModelConfig
 from forgetless.contract.method import RunInfo, TaskContext, create_method
+from forgetless.contract.plan import TrainPlan
 from forgetless.core.paths import cache_root
 from forgetless.core.storage import atomic_dir, atomic_write_json
-from forgetless.engine.loop import StepLoop, TrainPlan
 from forgetless.engine.progress import Progress
-from forgetless.eval.scoring import evaluate_task
+from forgetless.engine.session import TaskSession
+from forgetless.eval.generation import evaluate_task
 from forgetless.methods.seq_ft import SeqFTConfig
 from forgetless.models.tiny import build_char_tokenizer, build_tiny_model
 from forgetless.tasks.base import Task
@@ -87,10 +88,9 @@ def pretrain_base(
         weight_decay=0.01,
     )
     with Progress(console, enabled=progress) as bars:
-        loop = StepLoop(
-            model, create_method(SeqFTConfig(name="seq_ft")), ctx, tokenizer.pad_token_id, bars
-        )
-        stats = loop.run(features, plan, label="pretrain")
+        method = create_method(SeqFTConfig(name="seq_ft"))
+        session = TaskSession(method, ctx, tokenizer.pad_token_id, bars, label="pretrain")
+        stats = session.train(plan)
     accuracy = {t.name: evaluate_task(model, tokenizer, t, 128).accuracy for t in parts}
     report = {
         "fingerprint": base_fingerprint(cfg),

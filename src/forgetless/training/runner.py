@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import itertools
 import random
 import shutil
 from collections.abc import Callable
@@ -22,14 +20,12 @@ from forgetless.config.evaluation import LmEvalProbe
 from forgetless.config.loading import dump_config
 from forgetless.config.schema import RunConfig, TaskConfig, probe_names
 from forgetless.contract.method import (
-    Capability,
     Method,
     RunInfo,
-    Stage,
     TaskContext,
-    TaskEndContext,
     create_method,
 )
+from forgetless.contract.plan import TrainPlan, TrainStats
 from forgetless.core import distributed, registry
 from forgetless.core.rundir import RunDir
 from forgetless.core.storage import (
@@ -39,21 +35,16 @@ from forgetless.core.storage import (
     remove_stale_temps,
     save_method_state,
 )
-from forgetless.engine.loop import (
-    NonFiniteError,
-    StepLoop,
-    TrainPlan,
-    TrainStats,
-    steps_for_epochs,
-)
+from forgetless.engine.loop import NonFiniteError, steps_for_epochs
 from forgetless.engine.progress import Progress
+from forgetless.engine.session import TaskSession
 from forgetless.engine.step_checkpoint import StepCheckpointer, plan_fingerprint
 from forgetless.engine.tracking import Tracker
 from forgetless.errors import ConfigError
+from forgetless.eval.generation import EvalResult, completion_logprobs, kl_drift
 from forgetless.eval.lm_eval_probe import run_lm_eval_probe
 from forgetless.eval.scorers import score_task
-from forgetless.eval.scoring import EvalResult, completion_logprobs, kl_drift
-from forgetless.models.adapters import Finetuner
+from forgetless.models.finetuner import Finetuner
 from forgetless.models.loading import load_model, load_model_and_tokenizer, resolve_source
 from forgetless.tasks.base import Task
 from forgetless.tasks.formatting import Features, encode_training_set, unknown_token_examples
@@ -343,19 +334,14 @@ class Runner:
             )
         ctx = self._context(index, features)
         plan = self._plan(index, self.cfg.tasks[index - 1], len(features))
-        if method.uses(Capability.TASK_START):
-            method.on_task_start(ctx)
-        handles = method.register_hooks(ctx) if method.uses(Capability.ACTIVATION_HOOKS) else []
         skipped: list[NonFiniteError] = []
+        session = self._session(ctx, skipped.append)
         try:
-            stats = self._train(ctx, plan, method, skipped.append)
+            stats = session.train(plan)
         except NonFiniteError as err:
             results.events.append(err.event("stop"))  # recorded before the error propagates
             results.write(self.out_dir)
             raise
-        finally:
-            for handle in handles:
-                handle.remove()
         if skipped:
             results.events.append(_skip_event(task.name, skipped))
         final = RunDir(self.out_dir).task_checkpoint(index, task.name)
@@ -364,14 +350,8 @@ class Runner:
             self.finetuner.save(tmp)
             self.finetuner.end_task()
             ctx.model = self.finetuner.model
-            eval_model = (
-                method.transform_model(ctx.model, ctx)
-                if method.uses(Capability.MODEL_TRANSFORM)
-                else ctx.model
-            )
-            evals = self._record_row(results, eval_model)
-            if method.uses(Capability.TASK_END):
-                method.on_task_end(TaskEndContext(ctx, evals, stats))
+            evals = self._record_row(results, session.evaluated_model())
+            session.end(evals, stats)
             save_method_state(tmp, self._reduced_state(method))
         results.per_task.append({"task": task.name, **stats.as_dict()})
         results.write(self.out_dir)
@@ -390,47 +370,22 @@ class Runner:
         method.load_state_dict(reduced)
         return reduced
 
-    def _train(
-        self,
-        ctx: TaskContext,
-        plan: TrainPlan,
-        method: Method,
-        on_skip: Callable[[NonFiniteError], None] | None = None,
-    ) -> TrainStats:
-        loop = StepLoop(
-            ctx.model,
-            method,
+    def _session(self, ctx: TaskContext, on_skip: Callable[[NonFiniteError], None]) -> TaskSession:
+        folder = RunDir(self.out_dir).step_checkpoint(ctx.task_index, ctx.task.name)
+
+        def checkpointer(call: str, plan: TrainPlan) -> StepCheckpointer | None:
+            return self._checkpointer(folder / call if call else folder, self.active, plan)
+
+        return TaskSession(
+            self.active,
             ctx,
             self.tokenizer.pad_token_id,
             self.bars,
             self.tracker.log_step,
             on_skip,
+            checkpointer,
+            self.out_dir,
         )
-        folder = RunDir(self.out_dir).step_checkpoint(ctx.task_index, ctx.task.name)
-        if not method.uses(Capability.TRAIN_STAGE):
-            loop.checkpointer = self._checkpointer(folder, method, plan)
-            return loop.run(ctx.train_features, plan)
-        calls = itertools.count(1)
-
-        def sft(
-            features: list[Features] | None = None,
-            loss_fn: Any = None,
-            steps: int | None = None,
-            lr: float | None = None,
-            label: str = "train",
-            model: nn.Module | None = None,
-        ) -> TrainStats:
-            sub = TrainPlan(**{**plan.__dict__, "steps": steps or plan.steps, "lr": lr or plan.lr})
-            # Each call of the stage has its own step checkpoints: a re-run replays the calls
-            # that finished (their last checkpoint restores the weights they trained) and
-            # resumes the one that was cut.
-            saver = self._checkpointer(folder / f"call-{next(calls):02d}", method, sub)
-            trained = model if model is not None else loop.model
-            runner = dataclasses.replace(loop, model=trained, checkpointer=saver)
-            data = features if features is not None else ctx.train_features
-            return runner.run(data, sub, loss_fn, label)
-
-        return method.train_task(Stage(ctx=ctx, sft=sft, out_dir=self.out_dir, plan=plan))
 
     def _checkpointer(
         self, folder: Path, method: Method, plan: TrainPlan

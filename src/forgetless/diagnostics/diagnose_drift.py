@@ -1,14 +1,14 @@
 """``forgetless diagnose drift``: output-space KL of checkpoints against the first (the base) on
-retention probes, beside each checkpoint's probe accuracy (``eval/scoring.py``'s KL drift)."""
+retention probes, beside each checkpoint's probe accuracy (``eval/generation.py``'s KL drift)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from forgetless.diagnostics.circuits_run import checkpoint_labels, load_checkpoint
+from forgetless.diagnostics.diagnose_circuits import checkpoint_labels, load_checkpoint
+from forgetless.eval.generation import completion_logprobs, kl_drift
 from forgetless.eval.scorers import score_task
-from forgetless.eval.scoring import completion_logprobs, kl_drift
 from forgetless.tasks.base import Task
 
 

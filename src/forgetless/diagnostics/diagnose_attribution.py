@@ -85,7 +85,7 @@ def checkpoint_model(
     cfg: RunConfig, run_dir: Path, task_names: list[str], upto: int
 ) -> tuple[nn.Module, Any]:
     """A fresh model with the run's state after task ``upto`` (1-based)."""
-    from forgetless.models.adapters import Finetuner
+    from forgetless.models.finetuner import Finetuner
     from forgetless.models.loading import load_model_and_tokenizer
     from forgetless.training.pretrain import ensure_base_model
 

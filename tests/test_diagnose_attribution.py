@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from forgetless.cli.app import app
 from forgetless.config.loading import validate_config
-from forgetless.diagnostics.attribution_run import (
+from forgetless.diagnostics.diagnose_attribution import (
     AttributionRunError,
     diagnose_attribution,
     grouped_overlap,
