@@ -26,6 +26,7 @@ FLOORS: list[tuple[int, str]] = [
     (5, "forgetless.diagnostics.circuits"),
     (5, "forgetless.diagnostics.circuit_metrics"),
     (6, "forgetless.experimental"),
+    (8, "forgetless.experimental.methods"),
     (7, "forgetless.engine"),
     (8, "forgetless.methods"),
     (9, "forgetless.training"),

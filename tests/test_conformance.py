@@ -19,7 +19,9 @@ from forgetless.testing import smoke_method
 from forgetless.training.runner import Runner
 
 BUILTIN = sorted(
-    n for n, c in registered_methods().items() if c.__module__.startswith("forgetless.methods.")
+    n
+    for n, c in registered_methods().items()
+    if c.__module__.startswith(("forgetless.methods.", "forgetless.experimental.methods."))
 )
 
 

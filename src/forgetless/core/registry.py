@@ -1,8 +1,9 @@
 """The method registry: a name to a method class, the built-ins loaded on first use.
 
 ``forgetless.contract.register_method`` adds a class. A built-in method lives in
-``forgetless.methods.<name>`` and is imported only when its name is first looked up, so that
-validating a config imports the one method it names, not every method's dependencies. Classes
+``forgetless.methods.<name>`` (or, while experimental, ``forgetless.experimental.methods.<name>``)
+and is imported only when its name is first looked up, so that validating a config imports the
+one method it names, not every method's dependencies. Classes
 are held as ``Any``: this floor knows their declared attributes, not the contract's types.
 """
 
@@ -11,9 +12,10 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import pkgutil
+from pathlib import Path
 from typing import Any
 
-BUILTIN_PACKAGE = "forgetless.methods"
+BUILTIN_PACKAGES = ("forgetless.methods", "forgetless.experimental.methods")
 _METHODS: dict[str, Any] = {}
 
 
@@ -23,22 +25,34 @@ def add(name: str, cls: Any) -> None:
     _METHODS[name] = cls
 
 
+def _module_names(package: str) -> list[str]:
+    """The modules of ``package``, found on disk without importing it (importing the
+    experimental corner warns, and a lookup of a stable method must not)."""
+    top, *rest = package.split(".")
+    spec = importlib.util.find_spec(top)
+    roots = list(spec.submodule_search_locations or []) if spec else []
+    paths = [str(Path(root, *rest)) for root in roots]
+    return [m.name for m in pkgutil.iter_modules(paths) if not m.name.startswith("_")]
+
+
 def _builtin_modules() -> list[str]:
-    package = importlib.import_module(BUILTIN_PACKAGE)
-    return [m.name for m in pkgutil.iter_modules(package.__path__) if not m.name.startswith("_")]
+    """``package.module`` of every built-in method module, stable first."""
+    return [f"{p}.{m}" for p in BUILTIN_PACKAGES for m in _module_names(p)]
 
 
 def lookup(name: str) -> Any | None:
     """The class registered as ``name`` (importing its built-in module if needed), or None."""
-    if name not in _METHODS and name.isidentifier() and name in _builtin_modules():
-        importlib.import_module(f"{BUILTIN_PACKAGE}.{name}")
+    if name not in _METHODS and name.isidentifier():
+        module = next((m for m in _builtin_modules() if m.rsplit(".", 1)[1] == name), None)
+        if module is not None:
+            importlib.import_module(module)
     return _METHODS.get(name)
 
 
 def all_methods() -> dict[str, Any]:
     """Every registered method, the built-ins imported (for listings and error messages)."""
     for module in _builtin_modules():
-        importlib.import_module(f"{BUILTIN_PACKAGE}.{module}")
+        importlib.import_module(module)
     return dict(_METHODS)
 
 
