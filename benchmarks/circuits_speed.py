@@ -2,7 +2,7 @@
 
 1. Effects: necessity and sufficiency of all N heads. Batched: the prompt batch tiled once per
    mask (2N + 2 masks) in one forward pass (``head_effects``); loop: one forward per mask
-   (``head_effects_loop``). Both give the same numbers (``tests/test_circuits.py``).
+   (``head_effects_loop``). Both give the same numbers (``tests/unit/test_circuits.py``).
 2. DBM: one optimisation step masks all N heads in one forward and one backward pass. The loop
    reference is what a one-head-at-a-time scheme needs to see every head once: N forward passes,
    each patching a single head.

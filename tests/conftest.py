@@ -32,3 +32,14 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_llama_chat_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save_tiny(tmp_path_factory.mktemp("tiny-llama-chat"), arch="llama", chat=True)
+
+
+TIERS = ("unit", "methods", "integration", "slow")
+"""Each test's folder is its marker: ``pytest -m unit`` runs the pure-function tests alone."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        folder = Path(str(item.fspath)).parent.name
+        if folder in TIERS:
+            item.add_marker(getattr(pytest.mark, folder))

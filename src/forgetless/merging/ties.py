@@ -72,10 +72,24 @@ def ties_merge(
     return disjoint_mean(trimmed, elect_sign(trimmed))
 
 
+def _mergekit_trim(delta: torch.Tensor, density: float) -> torch.Tensor:
+    """mergekit's magnitude sparsification: the first ``max(1, ⌊k·n⌋)`` entries of a descending
+    ``argsort`` of ``|τ|``. On a large tensor several entries can share the k-th magnitude, and
+    ``argsort`` breaks that tie otherwise than ``topk`` does, so the same call is used."""
+    flat = delta.to(COMPUTE).flatten()
+    keep = kept_count(flat.numel(), density, "floor")
+    if keep >= flat.numel():
+        return flat.view_as(delta).clone()
+    out = torch.zeros_like(flat)
+    index = torch.argsort(flat.abs(), descending=True)[:keep]
+    out[index] = flat[index]
+    return out.view_as(delta)
+
+
 def _mergekit_ties(
     deltas: Sequence[torch.Tensor], density: float, weights: Sequence[float], normalize: bool
 ) -> torch.Tensor:
-    kept = torch.stack([trim_top_k(d, density, rounding="floor") for d in deltas])
+    kept = torch.stack([_mergekit_trim(d, density) for d in deltas])
     w = torch.tensor(list(weights), dtype=COMPUTE).view(-1, *([1] * (kept.ndim - 1)))
     weighted = kept * w
     majority = torch.where(weighted.sum(dim=0) >= 0, 1.0, -1.0)

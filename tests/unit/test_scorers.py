@@ -43,7 +43,7 @@ from forgetless.tasks.formatting import encode_prompt
 from forgetless.tasks.loaders import build_task, read_jsonl
 from forgetless.training.runner import Runner
 
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "evaluation.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "evaluation.md"
 
 
 def load(model_dir: Path) -> tuple[nn.Module, Any]:

@@ -18,7 +18,7 @@ from forgetless.errors import CheckpointError, ModelLoadError
 from forgetless.models.loading import load_model
 from forgetless.training.runner import Runner
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "forgetless"
+SRC = Path(__file__).resolve().parents[2] / "src" / "forgetless"
 
 
 class Payload:

@@ -16,7 +16,7 @@ from accelerate.commands.config.config_args import ClusterConfig
 from forgetless.core import distributed
 from forgetless.errors import ConfigError
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "accelerate"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "accelerate"
 
 
 def _worker(rank: int, init: str, out: str) -> None:

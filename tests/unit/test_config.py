@@ -9,7 +9,7 @@ from forgetless.config.loading import apply_override, load_config, validate_conf
 from forgetless.config.presets import demo_config_dict
 from forgetless.errors import ConfigError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_demo_config_is_valid() -> None:
