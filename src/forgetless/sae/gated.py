@@ -16,9 +16,14 @@ the gate path's ``ReLU(π_gate)``: the Heaviside gate passes no gradient, so an 
 auxiliary term reconstructs from ``ReLU(π_gate)`` through a frozen (stop-gradient) copy of the
 decoder, which is what trains the gate path's directions and bias.
 
-Two choices of ours, not the paper's statement: the input scale ``s`` is fixed once from the
+Choices of ours, not the paper's statement: the input scale ``s`` is fixed once from the
 training activations so that ``E‖h / s‖² = 1`` (one ``λ_sparse`` then suits any model width and
-activation scale), and ``b_dec`` starts at the mean of the scaled data.
+activation scale), and training starts from ``b_dec`` at the mean of the scaled data and short
+encoder rows parallel to the decoder columns (``init_for_training_``). The decoder columns are
+kept at unit norm as in the paper (its gradient's radial part removed before each step, the
+columns renormalised after it), not folded into the L1 as in SAELens: with the paper's frozen
+decoder in the auxiliary term that form let the decoder norms shrink and the code go dense (one
+of the paper's authors warns to freeze the decoder in both places or in neither).
 """
 
 from __future__ import annotations
@@ -134,6 +139,41 @@ def gated_sae_loss(sae: GatedSAE, h: Tensor, l1_coeff: float) -> GatedLoss:
     auxiliary = (x_in - frozen).pow(2).sum(-1).mean()
     total = reconstruction + l1_coeff * sparsity + auxiliary
     return GatedLoss(total, reconstruction, sparsity, auxiliary)
+
+
+@torch.no_grad()
+def init_for_training_(sae: GatedSAE, data_mean: Tensor, encoder_norm: float) -> None:
+    """The start of training, in place: ``W_gate = encoder_norm · W_decᵀ`` (unit-norm decoder
+    columns), ``b_dec`` at the mean of the scaled data, ``b_gate = b_mag = r_mag = 0``.
+
+    Encoder rows start parallel to their decoder columns (as in Conerly et al. 2024, Anthropic's
+    April 2024 circuits update) but short. From unit-norm rows about half of the ``D ≫ d``
+    features fire at full size at step 0 (zero gate biases): the code is dense and the
+    reconstruction error many times the data's variance (13× on the synthetic data of issue 24,
+    D = 8d), a start from which Adam recovered none of that data's dictionary. From short rows
+    the code starts near zero and each feature grows as the reconstruction asks for it.
+    """
+    w_dec = sae.W_dec / sae.W_dec.norm(dim=0, keepdim=True).clamp_min(1e-8)
+    sae.W_dec.copy_(w_dec)
+    sae.W_gate.copy_(encoder_norm * w_dec.T)
+    sae.b_dec.copy_(data_mean)
+    for bias in (sae.b_gate, sae.b_mag, sae.r_mag):
+        bias.zero_()
+
+
+@torch.no_grad()
+def remove_parallel_decoder_grad_(sae: GatedSAE) -> None:
+    """Drop, in place, the part of each decoder column's gradient that is parallel to the column.
+
+    The gated SAE paper keeps decoder columns at unit norm (after Bricken et al. 2023); the
+    radial part of the gradient would only be undone by the renormalisation after the step, but
+    it still feeds Adam's moment estimates and shrinks the step actually taken along the sphere.
+    Call after ``backward()`` and before the optimizer step; the columns must be at unit norm.
+    """
+    grad = sae.W_dec.grad
+    if grad is None:
+        return
+    grad.sub_(sae.W_dec * (sae.W_dec * grad).sum(dim=0, keepdim=True))
 
 
 @torch.no_grad()

@@ -29,6 +29,11 @@ from forgetless.sae import (
     train_sae,
 )
 from forgetless.sae.activations import MLPTap, last_mlp
+from forgetless.sae.gated import (
+    init_for_training_,
+    normalize_decoder_,
+    remove_parallel_decoder_grad_,
+)
 from forgetless.tasks.builtin import BUILTIN_TASKS
 
 
@@ -78,6 +83,45 @@ def test_loss_has_l1_on_the_gate_path_and_an_auxiliary_term_with_a_frozen_decode
     assert sae.W_dec.grad is None, "the auxiliary reconstruction uses a frozen decoder"
     assert sae.b_gate.grad is not None and bool(sae.b_gate.grad.abs().sum() > 0)
     assert sae.r_mag.grad is None and sae.b_mag.grad is None, "aux trains the gate path only"
+
+
+def test_training_starts_from_short_encoder_rows_parallel_to_unit_decoder_columns() -> None:
+    sae = _random_sae(d_sae=64)
+    mean = torch.randn(8)
+    h = 2.0 * (torch.randn(512, 8) + mean)  # input scale 2: x = h / 2, centred at ``mean``
+    data_err = float((h / 2.0 - mean).pow(2).sum(-1).mean())
+    with torch.no_grad():
+        sae.b_dec.copy_(mean)
+        for p in (sae.b_gate, sae.b_mag, sae.r_mag):
+            p.zero_()
+        dense = float(gated_sae_loss(sae, h, 0.0).reconstruction) / data_err
+    init_for_training_(sae, mean, encoder_norm=0.1)
+    norms = sae.W_dec.norm(dim=0)
+    torch.testing.assert_close(norms, torch.ones_like(norms))
+    torch.testing.assert_close(sae.W_gate, 0.1 * sae.W_dec.T)
+    torch.testing.assert_close(sae.b_dec, mean)
+    for p in (sae.b_gate, sae.b_mag, sae.r_mag):
+        assert bool((p == 0).all())
+    with torch.no_grad():
+        short = float(gated_sae_loss(sae, h, 0.0).reconstruction) / data_err
+    # unit-norm rows (D = 8d): about half the features fire at full size, the error is several
+    # times the data's (issue 24); short rows start the reconstruction below the data's spread
+    assert dense > 3.0 and short < 1.0, (dense, short)
+
+
+def test_decoder_gradient_loses_its_part_along_each_column() -> None:
+    sae = _random_sae()
+    normalize_decoder_(sae)
+    gated_sae_loss(sae, torch.randn(16, 8), l1_coeff=0.3).total.backward()
+    assert sae.W_dec.grad is not None
+    before = sae.W_dec.grad.clone()
+    remove_parallel_decoder_grad_(sae)
+    after = sae.W_dec.grad
+    radial = (sae.W_dec * after).sum(0)
+    torch.testing.assert_close(radial, torch.zeros_like(radial), atol=1e-6, rtol=0)
+    # only the radial part went: what is left is the tangential part of the old gradient
+    tangential = before - sae.W_dec * (sae.W_dec * before).sum(0, keepdim=True)
+    torch.testing.assert_close(after, tangential)
 
 
 def _sparse_data(n: int, d: int = 16, k: int = 32, active: int = 2) -> torch.Tensor:
