@@ -18,8 +18,8 @@ import pytest
 import torch
 from rich.console import Console
 from safetensors.torch import load_file, save_file
+from test_bad_inputs import SMALL, snapshot
 from test_bad_inputs import small_config as small
-from test_bad_inputs import snapshot
 from test_bad_inputs import write_config as write_yaml
 
 from forgetless.cli.app import run_cli
@@ -29,8 +29,6 @@ from forgetless.core.storage import atomic_write_text, remove_stale_temps, temp_
 from forgetless.engine.loop import NonFiniteError, check_finite_weights
 from forgetless.errors import ConfigError
 from forgetless.training.runner import Runner
-
-SMALL = {"steps": 2, "batch_size": 4, "lr": 1e-3, "max_length": 32}
 
 
 def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:

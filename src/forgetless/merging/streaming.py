@@ -20,7 +20,7 @@ import torch
 
 from forgetless.core.dtypes import DTYPES
 from forgetless.core.lowrank import LowRank
-from forgetless.core.storage import temp_file_name
+from forgetless.core.storage import temp_file_name, tensor_shapes
 from forgetless.core.tensor_files import TIED, WEIGHTS_FILE, TensorFiles, adapter_terms
 from forgetless.errors import ConfigError
 from forgetless.merging import experimental_gcwm
@@ -118,14 +118,9 @@ def adapter_key(module: str) -> str:
 
 
 def tensor_specs(files: TensorFiles) -> dict[str, tuple[int, ...]]:
-    """Every tensor's shape, read from the safetensors headers only."""
-    from safetensors import safe_open
-
-    shapes = {}
-    for name, path in files.where.items():
-        with safe_open(str(path), framework="pt") as handle:
-            shapes[name] = tuple(handle.get_slice(name).get_shape())
-    return shapes
+    """Every tensor's shape, from each file's safetensors header (one read per file)."""
+    paths = dict.fromkeys(files.where.values())
+    return {name: shape for path in paths for name, shape in tensor_shapes(path).items()}
 
 
 def read_files(folder: Path, files: list[Path]) -> TensorFiles:
@@ -356,14 +351,14 @@ def stream_merge(
     check_out(out, cfg)
     base = read_files(cfg.base_model, weight_files(cfg.base_model))
     sources = [TaskSource(t.path) for t in cfg.tasks]
-    shapes = tensor_specs(base)
+    specs = _specs(base)
+    shapes = {name: shape for name, _, shape in specs}
     for source in sources:  # every check before the first byte is written
         source.check_against(shapes)
     if not (cfg.base_model / "config.json").is_file():
         raise ConfigError(f"base_model: {cfg.base_model} has no config.json")
     out.mkdir(parents=True, exist_ok=True)
     copy_model_files(cfg.base_model, out)
-    specs = _specs(base)
     out_dtype = DTYPES.get(cfg.dtype)
     specs = [(n, out_dtype if out_dtype and d.is_floating_point else d, s) for n, d, s in specs]
     stats, scale = MergeStats(), 1.0
