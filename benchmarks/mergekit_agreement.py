@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 import yaml
+from run_all import machine  # benchmarks/ is on sys.path
 from safetensors.torch import load_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -162,8 +163,14 @@ def main() -> None:
          "import importlib.metadata as m; print(m.version('mergekit'))"],
         capture_output=True, text=True, check=False,
     ).stdout.strip()  # fmt: skip
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True)
     report = {
         "size": args.size,
+        "commit": commit.stdout.strip(),
+        "machine": machine(1),
+        "cases": [
+            {"case": c[0], "forgetless": c[1], "mergekit": c[2], "weight": c[3]} for c in CASES
+        ],
         "mergekit": version,
         "torch": torch.__version__,
         "python": platform.python_version(),

@@ -21,7 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from run_all import machine  # benchmarks/ is on sys.path
 
+from forgetless.core.storage import atomic_write_json
 from forgetless.testing import save_tiny
 
 METHODS = (
@@ -54,11 +56,17 @@ def runs(folder: Path) -> dict[str, dict[str, Any]]:
     return out
 
 
+def _commit(src: str) -> str:
+    done = subprocess.run(["git", "-C", src, "rev-parse", "HEAD"], capture_output=True, text=True)
+    return done.stdout.strip()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--before", required=True, help="src folder of the tree before")
     parser.add_argument("--after", required=True, help="src folder of the tree after")
     parser.add_argument("--methods", default=METHODS)
+    parser.add_argument("--out", type=Path, default=None, help="also write the report here (JSON)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="same-results-") as tmp:
         root = Path(tmp)
@@ -69,9 +77,17 @@ def main() -> None:
         bench(args.after, config, args.methods, root / "after")
         before, after = runs(root / "before"), runs(root / "after")
     differ = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
-    print(
-        json.dumps({"runs": len(before), "identical": len(before) - len(differ), "differ": differ})
-    )
+    report = {"runs": len(before), "identical": len(before) - len(differ), "differ": differ}
+    print(json.dumps(report))
+    if args.out is not None:
+        provenance = {
+            "before": _commit(args.before),
+            "after": _commit(args.after),
+            "methods": args.methods,
+            "config": CONFIG,
+            "machine": machine(1),
+        }
+        atomic_write_json(args.out, {**report, **provenance})
     sys.exit(1 if differ or not before else 0)
 
 
