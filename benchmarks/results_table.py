@@ -22,76 +22,140 @@ def _find(rows: list[Report], **match: Any) -> Report | None:
     return next((r for r in rows if all(r.get(k) == v for k, v in match.items())), None)
 
 
+def growth_cause(row: Report, tolerance: float) -> str | None:
+    """The measured cause of a growing step, recomputed from the row's points (never a name)."""
+    from task_growth import _linear_why, _width_why
+
+    return _width_why(row["points"][-1], tolerance) or _linear_why(row["points"], tolerance)
+
+
+def paired_ratios(num: list[float], den: list[float]) -> list[float]:
+    """Repeat ``i`` of the method over repeat ``i`` of its baseline (timed side by side)."""
+    return [a / b for a, b in zip(num, den, strict=False) if b]
+
+
+def spread(ratios: list[float]) -> float | None:
+    """Repeat-to-repeat spread of a ratio: half the range of its per-repeat values."""
+    return (max(ratios) - min(ratios)) / 2 if len(ratios) > 1 else None
+
+
+def verdict(value: float, half: float | None, target: float, below: bool) -> bool | None:
+    """Met only when the margin to the target exceeds the spread; ``None``: no spread measured,
+    so no verdict."""
+    if half is None:
+        return None
+    margin = target - value if below else value - target
+    return margin > half
+
+
+def _runs(report: Report, case: str, key: str) -> list[float]:
+    return [float(r[key]) for r in report.get("runs", {}).get(case, []) if key in r]
+
+
 def targets(summary: Report) -> list[dict[str, Any]]:
-    """Each target of issues 4–7 and 11: what, measured, target, met (None: not measured)."""
+    """Each target: what, measured, its spread, target, met (None: not measured or no spread)."""
     out: list[dict[str, Any]] = []
 
-    def add(what: str, value: float | None, target: float, below: bool, shown: str) -> None:
-        met = None if value is None else (value <= target if below else value >= target)
+    def add(what: str, ratios: list[float], target: float, below: bool, digits: int = 3) -> None:
+        value = sorted(ratios)[len(ratios) // 2] if ratios else None
+        half = spread(ratios)
         sign = "≤" if below else "≥"
+        shown = "–" if value is None else f"{value:.{digits}f}×"
         out.append(
             {
                 "what": what,
                 "value": value,
-                "shown": shown,
+                "spread": half,
+                "shown": shown + ("" if half is None else f" ± {half:.{digits}f}"),
                 "target": f"{sign} {target:g}",
-                "met": met,
+                "met": None if value is None else verdict(value, half, target, below),
             }
         )
 
     anchored = _report(summary, "anchored_overhead")
     if anchored:
-        step = anchored["step"]
-        add(
-            "`anchored` inner step / `seq_ft` step",
-            step["step_time_ratio"],
-            1.2,
-            True,
-            _x(step["step_time_ratio"], 3),
+        times = paired_ratios(
+            _runs(anchored, "anchored", "median_step_s"), _runs(anchored, "seq_ft", "median_step_s")
         )
+        add("`anchored` inner step / `seq_ft` step", times, 1.2, True)
+        idle = _runs(anchored, "idle", "peak_mb")
+        above = [
+            (a - i) / max(s - i, 1e-9)
+            for a, s, i in zip(
+                _runs(anchored, "anchored", "peak_mb"),
+                _runs(anchored, "seq_ft", "peak_mb"),
+                idle,
+                strict=False,
+            )
+        ]
         add(
-            "`anchored` peak memory / `seq_ft`",
-            step["peak_memory_ratio"],
+            "`anchored` training peak memory / `seq_ft`'s (above the idle process)",
+            above,
             1.3,
             True,
-            _x(step["peak_memory_ratio"], 3),
         )
     sae = _report(summary, "sae_fd_overhead")
     if sae:
-        quarter = sae["measured"]["step_time_ratio_at_quarter"]
-        add("`sae_fd` step / SeqLoRA step, anchor batch ¼", quarter, 1.4, True, _x(quarter, 3))
-        ratio = sae["storage"]["output_bytes_ratio"]
-        add("`sae_fd` anchor MLP-output bytes / float32's", ratio, 0.5, True, f"{ratio:.2f}")
+        quarter = paired_ratios(
+            _runs(sae, "sae_fd@0.25/fold", "median_step_s"), _runs(sae, "seqlora", "median_step_s")
+        )
+        add("`sae_fd` step / SeqLoRA step, anchor batch ¼", quarter, 1.4, True)
     attribution = _report(summary, "attribution_overhead")
     if attribution:
-        gate = attribution["cases"]["update_gate"]["step_time_ratio"]
-        add("`attribution_gate` step / `seq_ft` step", gate, 1.1, True, _x(gate, 3))
+        gate = paired_ratios(
+            _runs(attribution, "update_gate", "median_step_s"),
+            _runs(attribution, "seq_ft", "median_step_s"),
+        )
+        add("`attribution_gate` step / `seq_ft` step", gate, 1.1, True)
     throughput = _report(summary, "throughput")
     if throughput:
-        ratio = throughput["ratio_of_medians"]
-        add("step loop throughput / plain HF `Trainer`", ratio, 0.95, False, _x(ratio, 3))
+        ratios = paired_ratios(
+            throughput["forgetless_steps_per_s"], throughput["hf_trainer_steps_per_s"]
+        )
+        add("step loop throughput / plain HF `Trainer`", ratios, 0.95, False)
+    anchors = _report(summary, "sae_fd_anchor_precision")
+    if anchors:
+        diff = anchors["bwt_difference"]
+        half = (diff["high"] - diff["low"]) / 2
+        out.append(
+            {
+                "what": "`sae_fd` float16 anchors: paired BWT difference to float32 (95% interval)",
+                "value": diff["mean"],
+                "spread": half,
+                "shown": f"{diff['mean']:+.3f} [{diff['low']:+.3f}, {diff['high']:+.3f}]",
+                "target": "within ± 0.02",
+                "met": diff["low"] >= -0.02 and diff["high"] <= 0.02,
+            }
+        )
     for name, key, limit, what in (
-        ("demo_bench_time", "cold_seconds", 600, "bench demo (`make demo`) cold wall time, s"),
-        ("demo_time", "cold_seconds", 300, "single-run demo cold wall time, s"),
-        ("demo_time", "warm_seconds", 120, "single-run demo wall time, base cached, s"),
+        ("demo_bench_time", "cold_seconds", 300, "bench demo (`make demo`), empty cache, s"),
+        ("demo_time", "cold_seconds", 120, "single-run demo, empty cache, s"),
     ):
         report = _report(summary, name)
         if report:
-            add(what, report[key], limit, True, f"{report[key]:.0f} s")
-    bench_demo = _report(summary, "demo_bench_time")
-    if bench_demo:
-        warm = bench_demo["warm_seconds"]
-        what = "bench demo (`make demo`) wall time, base cached, s"
-        out.append(
-            {"what": what, "value": warm, "shown": f"{warm:.0f} s", "target": "–", "met": None}
-        )
+            times = [float(t) for t in report.get(f"{key}_repeats", [report[key]])]
+            value, half = sorted(times)[len(times) // 2], spread(times)
+            out.append(
+                {
+                    "what": what,
+                    "value": value,
+                    "spread": half,
+                    "shown": f"{value:.0f} s" + ("" if half is None else f" ± {half:.0f}"),
+                    "target": f"≤ {limit}",
+                    "met": None if half is None else limit - value > half,
+                }
+            )
     growth = _report(summary, "task_growth")
     if growth:
-        unexplained = [r["method"] for r in growth["rows"] if r["grows"] and "why" not in r]
+        tolerance = growth["settings"]["tolerance"]
+        unexplained = [
+            r["method"] for r in growth["rows"] if r["grows"] and not growth_cause(r, tolerance)
+        ]
         out.append(
             {
-                "what": "methods whose step cost grows with past tasks (2 → 8) without a reason",
+                "what": "methods whose step cost grows (2 → 8 tasks) without a measured cause",
                 "value": len(unexplained),
+                "spread": None,
                 "shown": ", ".join(unexplained) or "none",
                 "target": "none",
                 "met": not unexplained,
@@ -103,7 +167,7 @@ def targets(summary: Report) -> list[dict[str, Any]]:
 def _targets_md(rows: list[dict[str, Any]]) -> list[str]:
     lines = ["| what | measured | target | met |", "|---|---|---|---|"]
     for r in rows:
-        met = "–" if r["met"] is None else ("yes" if r["met"] else "**no**")
+        met = "– (no spread)" if r["met"] is None else ("yes" if r["met"] else "**no**")
         lines.append(f"| {r['what']} | {r['shown']} | {r['target']} | {met} |")
     return lines
 
@@ -151,9 +215,11 @@ def _growth_md(report: Report) -> list[str]:
         f"control's change | padded width at {last} tasks | state at {last} tasks | grows | why |",
         "|---|" + "---|" * (len(tasks) + 6),
     ]
+    tolerance = report["settings"]["tolerance"]
     for r in rows:
         pts = r["points"]
         cells = " | ".join(_x(p["step_growth"]) for p in pts[1:])
+        why = (growth_cause(r, tolerance) or "**no measured cause**") if r["grows"] else ""
         grows = "step" if r["grows"] else ("stage" if r["task_grows"] else "no")
         end = pts[-1]
         lines.append(
@@ -161,7 +227,7 @@ def _growth_md(report: Report) -> list[str]:
             f"{_x(end.get('raw_step_growth', end['step_growth']))} | "
             f"{_x(end['control_drift']) if 'control_drift' in end else '–'} | "
             f"{_x(end['width_growth']) if 'width_growth' in end else '–'} | "
-            f"{_bytes(end['state_bytes'])} | {grows} | {r.get('why', '')} |"
+            f"{_bytes(end['state_bytes'])} | {grows} | {why} |"
         )
     return lines
 

@@ -60,8 +60,9 @@ JOBS = (
     Job("attribution_overhead", "attribution_overhead.py", ("--steps", "60"), ("--steps", "20")),
     Job("geometry_scaling", "geometry_scaling.py", ("--ranks", "8,64"), ("--quick",)),
     Job("circuits_speed", "circuits_speed.py", (), ("--repeats", "2")),
-    Job("demo_time", "demo_time.py", (), None, default=False, pinned=False),
+    Job("demo_time", "demo_time.py", (), ("--repeats", "1"), pinned=False),
     Job("demo_bench_time", "demo_time.py", ("--bench",), None, pinned=False),
+    Job("sae_fd_anchor_precision", "sae_fd_anchor_precision.py", (), None, pinned=False),
 )
 
 

@@ -34,7 +34,6 @@ from typing import Any
 import torch
 from peak_memory import add_step_args, run_forked, timed_steps  # benchmarks/ is on sys.path
 
-from forgetless.config.presets import SMALL_MODEL
 from forgetless.config.schema import FinetuneConfig, ModelConfig, TinyModelConfig
 from forgetless.contract.method import Method, RunInfo, TaskContext, create_method
 from forgetless.core.storage import atomic_write_json
@@ -49,12 +48,25 @@ from forgetless.tasks.builtin import build_builtin_task
 from forgetless.tasks.formatting import Features, encode_example
 
 OUT = Path(__file__).parent / "results" / "sae_fd_overhead.json"
-TARGETS = {"step_time_ratio_at_quarter": 1.4, "anchor_output_bytes_ratio": 0.5}
+TARGETS = {"step_time_ratio_at_quarter": 1.4}
+"""The anchors' storage is reported, not targeted: float16 halves it by construction; whether the
+compact anchors cost anything is measured in ``sae_fd_anchor_precision.py``."""
 PAPER = {"step_compute_ratio": 1.85, "anchor_gb_per_task": 0.8}
 
 
 def _device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+SMALL_MODEL = {
+    "hidden_size": 256,
+    "num_layers": 10,
+    "num_heads": 8,
+    "num_kv_heads": 4,
+    "intermediate_size": 1024,
+    "max_position": 128,
+}
+"""A ~10M-parameter Qwen2 for timing at a second size (random weights: only the cost matters)."""
 
 
 def _tiny(preset: str) -> TinyModelConfig:
@@ -164,7 +176,6 @@ def main() -> None:
     quarter = next((c for c in curve if c["anchor_batch_fraction"] == 0.25), None)  # forwards[0]
     measured = {
         "step_time_ratio_at_quarter": quarter["step_time_ratio"] if quarter else None,
-        "anchor_output_bytes_ratio": storage["output_bytes_ratio"],
     }
     report = {
         "device": str(_device()),

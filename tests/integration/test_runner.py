@@ -42,6 +42,19 @@ def test_results_file_schema_and_checkpoints(tiny_model_dir: Path, tmp_path: Pat
         "retention",
         "kl_drift",
     }
+    assert results["probe_chance"] == [0.0]
+    detail = results["metrics"]["probe_retention"]["copy"]
+    assert detail["chance"] == 0.0 and detail["drop"] == pytest.approx(
+        results["probe_accuracy"][0][0] - results["probe_accuracy"][-1][0]
+    )
+    assert results["metrics"]["forgetting_since"] == "any"
+    # the continuous signal: one finite, non-positive log-likelihood per task and probe and row
+    assert [len(r) for r in results["loglik"]] == [2, 2, 2]
+    assert [len(r) for r in results["probe_loglik"]] == [1, 1, 1]
+    lls = [v for r in results["loglik"] + results["probe_loglik"] for v in r]
+    assert all(v <= 0 and v > -50 for v in lls)
+    # training a task raises its gold log-likelihood
+    assert results["loglik"][1][0] > results["loglik"][0][0]
     drift = results["kl_drift"]
     assert drift["base_to_model"][0] == pytest.approx(0.0, abs=1e-6)
     assert drift["base_to_model"][-1] > 0 and drift["model_to_base"][-1] > 0

@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+from forgetless.config.schema import BASE_MIXTURE
 from forgetless.tasks.base import Example
 from forgetless.tasks.builtin import (
     BUILTIN_TASKS,
@@ -16,6 +17,7 @@ from forgetless.tasks.builtin import (
     _sample_unique,
     base_capability_names,
     build_builtin_task,
+    latent_skill_names,
     sequence_task_names,
 )
 
@@ -33,11 +35,19 @@ def _arg(prompt: str, marker: str) -> str:
     return prompt[len(marker) + 1 : -1]
 
 
+def _probe_arg(prompt: str, marker: str) -> str:
+    assert prompt.startswith(marker + ": ") and prompt.endswith(" >")
+    return prompt[len(marker) + 2 : -2]
+
+
 def test_suite_composition() -> None:
     assert len(BUILTIN_TASKS) >= 10
     base = base_capability_names()
     assert base == ["copy", "upper", "facts", "add"]
     assert ALL[: len(base)] == base  # base capabilities come first
+    assert list(BASE_MIXTURE) == base + latent_skill_names()
+    for latent in latent_skill_names():
+        assert latent.removeprefix("ask-") in sequence_task_names()
     assert set(sequence_task_names()) >= {
         "reverse",
         "sort",
@@ -95,12 +105,27 @@ def test_format_constraints(name: str) -> None:
         for text in (ex.prompt, ex.completion):
             assert all(32 <= ord(ch) <= 126 for ch in text), text
         assert len(ex.prompt) <= 28 and 1 <= len(ex.completion) <= 12
-        assert ex.prompt[-1] in "=?:"
+        assert ex.prompt[-1] in "=?>"
         assert ex.completion == ex.completion.strip()
         assert len(ex.completion) <= spec.max_completion
         longest = max(longest, len(ex.completion))
     assert longest == spec.max_completion  # the bound is tight on a sample this size
     assert task.max_new_tokens == spec.max_completion + 2
+
+
+def test_probe_formats_are_apart_from_the_sequence_tasks() -> None:
+    for name in base_capability_names() + latent_skill_names():
+        assert all(ex.prompt.endswith(" >") for ex in _samples(name, 50))
+    for name in sequence_task_names():
+        assert not any(ex.prompt.endswith(">") for ex in _samples(name, 50))
+
+
+def test_latent_skills_are_their_sequence_rule_in_the_base_format() -> None:
+    for latent in latent_skill_names():
+        task = latent.removeprefix("ask-")
+        for a, b in zip(_samples(latent, 50), _samples(task, 50), strict=True):
+            assert a.completion == b.completion  # same rule on the same draws
+            assert b.prompt.split(" ", 1)[1].rstrip("=?") in a.prompt
 
 
 def test_task_markers_distinguish_tasks() -> None:
@@ -112,9 +137,9 @@ def test_task_markers_distinguish_tasks() -> None:
 
 def test_copy_upper_reverse_sort_bracket() -> None:
     for ex in _samples("copy"):
-        assert ex.completion == _arg(ex.prompt, "cp")
+        assert ex.completion == _probe_arg(ex.prompt, "copy")
     for ex in _samples("upper"):
-        assert ex.completion == _arg(ex.prompt, "up").upper()
+        assert ex.completion == _probe_arg(ex.prompt, "upper").upper()
     for ex in _samples("reverse"):
         s = _arg(ex.prompt, "rev")
         assert 3 <= len(s) <= 6 and s.islower() and ex.completion == s[::-1]
@@ -127,16 +152,16 @@ def test_copy_upper_reverse_sort_bracket() -> None:
 def test_facts_generator() -> None:
     answers = {ex.prompt: ex.completion for ex in FACTS}
     for ex in _samples("facts"):
-        assert re.fullmatch(r"kb [a-z]+ of [a-z]+\?", ex.prompt)
+        assert re.fullmatch(r"fact: [a-z]+ of [a-z]+ >", ex.prompt)
         assert answers[ex.prompt] == ex.completion
 
 
 def test_add() -> None:
     for ex in _samples("add"):
-        m = re.fullmatch(r"add (\d+)\+(\d+)=", ex.prompt)
+        m = re.fullmatch(r"sum: (\d+)\+(\d+) >", ex.prompt)
         assert m is not None
         a, b = int(m.group(1)), int(m.group(2))
-        assert 10 <= a <= 99 and 1 <= b <= 99 and ex.completion == str(a + b)
+        assert 100 <= a <= 999 and 1 <= b <= 9 and ex.completion == str(a + b)
 
 
 def test_count() -> None:

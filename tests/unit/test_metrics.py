@@ -14,6 +14,7 @@ from forgetless.eval.metrics import (
     forward_transfer,
     plasticity_gain,
     probe_retention,
+    probe_retention_detail,
     summarize,
     token_kl,
 )
@@ -68,9 +69,57 @@ def test_average_forgetting() -> None:
 
 
 def test_average_forgetting_ignores_base_row() -> None:
-    # A high base accuracy on task 1 is not a "peak" to forget from: max runs over l >= j.
+    # A high base accuracy on task 1 is not a "peak" to forget from: row 0 is left out.
     R = [[0.99, 0.0], [0.50, 0.0], [0.40, 0.6]]
     assert average_forgetting(R) == pytest.approx(0.50 - 0.40)
+    assert average_forgetting(R, since="learned") == pytest.approx(0.50 - 0.40)
+
+
+# The docstring's worked example: task 2 peaks zero-shot, after task 1, before it is trained.
+R_PEAK_BEFORE = [
+    [0.0, 0.0, 0.0],
+    [0.9, 0.6, 0.0],
+    [0.5, 0.4, 0.1],
+    [0.2, 0.1, 0.8],
+]
+
+
+def test_average_forgetting_takes_every_earlier_row_as_chaudhry() -> None:
+    # Chaudhry et al. 2018: max over l = 1..T-1. Task 1: 0.9 - 0.2; task 2: 0.6 - 0.1.
+    assert average_forgetting(R_PEAK_BEFORE) == pytest.approx((0.7 + 0.5) / 2)
+    # The rows-from-j-on variant (the old default) takes 0.4 - 0.1 for task 2.
+    assert average_forgetting(R_PEAK_BEFORE, since="learned") == pytest.approx((0.7 + 0.3) / 2)
+
+
+def test_average_forgetting_refuses_an_unknown_reference() -> None:
+    with pytest.raises(ValueError, match="since"):
+        average_forgetting(R3, since="best")  # type: ignore[arg-type]
+
+
+def test_retention_is_bounded_per_probe() -> None:
+    # Three skills gone and one that improved from a near-zero base: the old mean of ratios gave
+    # (0 + 0 + 0 + 4) / 4 = 1.0; clipped per probe it is (0 + 0 + 0 + 1) / 4.
+    assert probe_retention([1, 1, 1, 0.08], [0, 0, 0, 0.32]) == pytest.approx(0.25)
+    assert probe_retention([0.5], [0.9]) == pytest.approx(1.0)
+    assert probe_retention([0.5], [0.0]) == pytest.approx(0.0)
+
+
+def test_retention_measures_from_chance() -> None:
+    # A 4-choice probe: at chance (0.25) nothing is retained, half way back is 0.5.
+    assert probe_retention([0.85], [0.25], chance=[0.25]) == pytest.approx(0.0)
+    assert probe_retention([0.85], [0.10], chance=[0.25]) == pytest.approx(0.0)
+    assert probe_retention([0.85], [0.55], chance=[0.25]) == pytest.approx(0.5)
+    # Without the chance level the same probe would read 0.55 / 0.85.
+    assert probe_retention([0.85], [0.55]) == pytest.approx(0.55 / 0.85)
+
+
+def test_retention_reports_probes_at_chance_instead_of_dropping_them() -> None:
+    detail = probe_retention_detail(["copy", "mc"], [0.9, 0.2], [0.45, 0.6], chance=[0.0, 0.25])
+    assert [d.retention for d in detail] == [pytest.approx(0.5), None]
+    assert [d.drop for d in detail] == [pytest.approx(0.45), pytest.approx(-0.4)]
+    assert probe_retention([0.9, 0.2], [0.45, 0.6], chance=[0.0, 0.25]) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="one name, base, current and chance"):
+        probe_retention_detail(["a"], [0.5, 0.5], [0.5, 0.5])
 
 
 def test_average_forgetting_negative_when_final_is_best() -> None:
@@ -107,7 +156,7 @@ def test_shape_errors(bad: list[list[float]]) -> None:
 
 
 def test_probe_retention() -> None:
-    # probe 2 has base 0 and is skipped: mean(0.25/0.5, 0.8/0.8)
+    # probe 2 has base 0 (at chance) and is left out: mean(0.25/0.5, 0.8/0.8)
     assert probe_retention([0.5, 0.0, 0.8], [0.25, 0.3, 0.8]) == pytest.approx(0.75)
     assert probe_retention([0.0, 0.0], [0.1, 0.2]) is None
     assert probe_retention([], []) is None
@@ -210,3 +259,24 @@ def test_token_kl_shape_errors() -> None:
         token_kl(lp, lp, torch.ones(2, 3, 5, dtype=torch.bool))
     with pytest.raises(ValueError, match="no positions"):
         token_kl(lp, lp, torch.zeros(2, 3, dtype=torch.bool))
+
+
+def test_results_name_the_probes_left_out_of_retention() -> None:
+    from forgetless.training.results import Results
+
+    results = Results(
+        config={"eval": {"forgetting": "learned"}},
+        tasks=["a", "b"],
+        probes=["gen", "mc"],
+        accuracy=[[0.0, 0.0], [0.9, 0.0], [0.5, 0.8]],
+        probe_accuracy=[[0.8, 0.2], [0.6, 0.3], [0.4, 0.5]],
+        probe_chance=[0.0, 0.25],
+        kl_base_to_model=[None] * 3,
+        kl_model_to_base=[None] * 3,
+    )
+    metrics = results.metrics()
+    assert metrics["retention"] == pytest.approx(0.5)  # only "gen": 0.4 / 0.8
+    assert metrics["probe_retention"]["mc"]["retention"] is None
+    assert len(metrics["warnings"]) == 1 and "'mc'" in metrics["warnings"][0]
+    assert metrics["forgetting_since"] == "learned"
+    assert metrics["forgetting"] == pytest.approx(0.9 - 0.5)

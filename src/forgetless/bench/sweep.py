@@ -26,12 +26,18 @@ def folder_name(variant: str) -> str:
 
 
 def plan_runs(
-    base: dict[str, Any], variants: list[Variant], seeds: int, orders: int, out_dir: Path
+    base: dict[str, Any],
+    variants: list[Variant],
+    seeds: int,
+    orders: int,
+    out_dir: Path,
+    first_seed: int = 0,
 ) -> list[tuple[Variant, Path, RunConfig]]:
-    """Every (variant, seed, order) config, validated before anything runs."""
+    """Every (variant, seed, order) config, validated before anything runs; the seeds are
+    ``first_seed .. first_seed + seeds - 1`` (tuning seeds kept apart from measuring ones)."""
     planned = []
     for variant in variants:
-        for seed in range(seeds):
+        for seed in range(first_seed, first_seed + seeds):
             for order in range(orders):
                 data = copy.deepcopy(base)
                 data["seed"], data["method"] = seed, copy.deepcopy(variant.method)
@@ -112,8 +118,9 @@ def run_bench(
     out_dir: Path,
     console: Console,
     progress: bool = True,
+    first_seed: int = 0,
 ) -> dict[str, Any]:
-    planned = plan_runs(base, variants, seeds, orders, out_dir)
+    planned = plan_runs(base, variants, seeds, orders, out_dir, first_seed)
     runs = []
     for number, (variant, folder, cfg) in enumerate(planned, start=1):
         console.print(f"[bold]bench run {number}/{len(planned)}[/]: {variant.name} → {folder}")
@@ -122,6 +129,7 @@ def run_bench(
     bench = {
         "schema_version": 1,
         "seeds": seeds,
+        "first_seed": first_seed,
         "orders": orders,
         "variants": [v.model_dump() for v in variants],
         "rows": aggregate(runs, variants),

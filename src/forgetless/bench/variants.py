@@ -23,6 +23,9 @@ class BenchSection(BaseModel):
     model_config = ConfigDict(extra="forbid")
     variants: list[Variant] = Field(default_factory=list, description="Named variants to compare.")
     seeds: int = Field(3, ge=1, description="Seeds per variant.")
+    first_seed: int = Field(
+        0, ge=0, lt=2**32, description="First seed (tune on seeds apart from measuring ones)."
+    )
     orders: int = Field(1, ge=1, description="Task orders per seed (order 0 is the config's).")
 
 

@@ -164,6 +164,10 @@ def bench(
         typer.Option(help="Variants, e.g. seq_ft,replay,kl_sft@beta=0.5; 'all' = every method."),
     ] = None,
     seeds: Annotated[Optional[int], typer.Option(help="Seeds per variant.")] = None,  # noqa: UP045
+    first_seed: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option(help="First seed (default 0): tune on seeds apart from the measuring ones."),
+    ] = None,
     orders: Annotated[Optional[int], typer.Option(help="Task orders per seed.")] = None,  # noqa: UP045
     out: Annotated[Optional[Path], typer.Option(help="Output folder (default runs/bench).")] = None,  # noqa: UP045
     set_: SetOpt = None,
@@ -176,7 +180,8 @@ def bench(
     from forgetless.config.loading import apply_override, config_data
     from forgetless.config.presets import DEMO_BENCH_METHODS
     from forgetless.contract import registered_methods
-    from forgetless.report.render import HEADERS, bench_table_rows, write_report
+    from forgetless.report.render import write_report
+    from forgetless.report.table import bench_screen_table
 
     data = dict(config_data(config, preset))
     section = pop_bench_section(data, str(config) if config else f"preset {preset}")
@@ -198,13 +203,11 @@ def bench(
         out_dir,
         console,
         progress=not quiet,
+        first_seed=section.first_seed if first_seed is None else first_seed,
     )
-    table = Table(*HEADERS, title="Bench (mean ± 95% interval)")
-    for row in bench_table_rows(result["rows"]):
-        table.add_row(*row)
-    console.print(table, width=max(console.width, 180))
-    _, html_path = write_report(out_dir)
-    console.print(f"bench: {out_dir / 'bench.json'}  report: {html_path}")
+    console.print(bench_screen_table(result["rows"]))
+    md_path, html_path = write_report(out_dir)
+    console.print(f"all columns: {md_path}  {html_path}\nbench: {out_dir / 'bench.json'}")
 
 
 @app.command()

@@ -6,5 +6,5 @@ from typing import Annotated, Optional
 
 import typer
 
-PresetOpt = Annotated[str, typer.Option(help="Built-in preset when no CONFIG: tiny or small.")]
+PresetOpt = Annotated[str, typer.Option(help="Built-in preset when no CONFIG: tiny.")]
 SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="Override: key.path=value")]  # noqa: UP045

@@ -132,6 +132,12 @@ class LmEvalSettings(_Strict):
     )
     apply_chat_template: bool = Field(False, description="Render prompts with the chat template.")
     batch_size: int | None = Field(None, ge=1, description="Default: eval.batch_size.")
+    chance: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="Chance level of the metric (0.25 for 4 choices), the floor of retention.",
+    )
 
     @field_validator("tasks")
     @classmethod

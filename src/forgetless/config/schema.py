@@ -50,14 +50,24 @@ class TinyModelConfig(Strict):
         return self
 
 
+BASE_MIXTURE = (
+    *("copy", "upper", "facts", "add"),
+    *(f"ask-{t}" for t in ("reverse", "sort", "count", "cipher", "bracket", "double", "addmc")),
+    "ask-calc",
+)
+"""The tiny base's pretraining mixture: the four probed capabilities, then the latent skills
+(``forgetless.tasks.builtin.LATENT_SKILLS``, checked equal by a test)."""
+
+
 class PretrainConfig(Strict):
     """How the built-in base model is pretrained on the base-capability tasks."""
 
     tasks: list[str] = Field(
-        default_factory=lambda: ["copy", "upper", "facts", "add"],
-        description="Built-in tasks in the pretraining mixture (the base capabilities).",
+        default_factory=lambda: list(BASE_MIXTURE),
+        description="Built-in tasks in the pretraining mixture: the probed base capabilities "
+        "and the latent ask-* skills.",
     )
-    steps: int = Field(3000, ge=1, description="Optimizer steps.")
+    steps: int = Field(12000, ge=1, description="Optimizer steps.")
     batch_size: int = Field(32, ge=1, description="Examples per step.")
     lr: float = Field(3e-3, gt=0, description="Peak learning rate (cosine schedule).")
     n_train: int = Field(4000, ge=1, description="Training examples per task.")
@@ -231,6 +241,17 @@ class EvalConfig(Strict):
     batch_size: int = Field(128, ge=1, description="Prompts per generation batch.")
     kl_drift: bool = Field(True, description="Measure output-space KL drift on the probes.")
     kl_examples: int = Field(32, ge=1, description="Probe examples per probe for KL drift.")
+    loglik_examples: int = Field(
+        64,
+        ge=0,
+        description="Eval examples per task and probe for the gold completion's mean "
+        "log-likelihood, a continuous signal beside accuracy (0: off).",
+    )
+    forgetting: Literal["any", "learned"] = Field(
+        "any",
+        description="Forgetting's reference: the best row after any earlier task (Chaudhry et "
+        "al. 2018) or only rows from when the task was learned.",
+    )
 
 
 ProbeConfig = Annotated[

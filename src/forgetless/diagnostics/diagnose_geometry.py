@@ -92,14 +92,15 @@ def checkpoints(run_dir: Path, tasks: list[str], done: int) -> list[Path]:
 
 
 def base_weight_files(config: dict[str, Any]) -> list[Path]:
-    """The base model's safetensors files (the cached tiny base when ``name_or_path`` is null)."""
+    """The base model's safetensors files (the shipped or cached tiny base without a name)."""
     from forgetless.config.schema import ModelConfig
     from forgetless.models.loading import resolve_source
-    from forgetless.training.pretrain import cached_base_dir
+    from forgetless.training.pretrain import cached_base_dir, shipped_base_dir
 
     name = config["model"].get("name_or_path")
     if name is None:
-        folder = cached_base_dir(ModelConfig(**config["model"]))
+        model_cfg = ModelConfig(**config["model"])
+        folder = shipped_base_dir(model_cfg) or cached_base_dir(model_cfg)
     else:
         source = resolve_source(name)
         folder = Path(source)

@@ -104,3 +104,36 @@ def kl_drift(
     """(KL(p_base ‖ p_model), KL(p_model ‖ p_base)) averaged over completion tokens."""
     (logp_base, mask), (logp_now, _) = base, now
     return float(token_kl(logp_base, logp_now, mask)), float(token_kl(logp_now, logp_base, mask))
+
+
+@torch.no_grad()
+def gold_loglik(
+    model: nn.Module, tokenizer: Any, examples: list[Example], max_length: int, batch_size: int
+) -> float:
+    """Mean log-likelihood of the gold completion, in nats per token (teacher-forced).
+
+    Each example's completion tokens are averaged first, then the examples, so long and short
+    answers weigh alike. A continuous retention signal beside accuracy: it moves before an
+    answer flips from right to wrong.
+    """
+    device = next(model.parameters()).device
+    pad_id = (
+        tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    )
+    was_training = model.training
+    model.eval()
+    per_example: list[torch.Tensor] = []
+    for start in range(0, len(examples), batch_size):
+        feats = [
+            encode_example(tokenizer, e, max_length) for e in examples[start : start + batch_size]
+        ]
+        batch = {k: v.to(device) for k, v in collate(feats, pad_id).items()}
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        labels = batch["labels"][:, 1:]
+        mask = labels != IGNORE_INDEX
+        logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+        gold = logp.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+        total = (gold * mask).sum(-1)
+        per_example.append((total / mask.sum(-1).clamp(min=1)).cpu())
+    model.train(was_training)
+    return float(torch.cat(per_example).mean())

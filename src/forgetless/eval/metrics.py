@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -30,6 +32,7 @@ __all__ = [
     "forward_transfer",
     "plasticity_gain",
     "probe_retention",
+    "probe_retention_detail",
     "summarize",
     "token_kl",
 ]
@@ -123,44 +126,104 @@ def plasticity_gain(R: Matrix) -> float:
     return _mean([_at(R, j, j) - _at(R, 0, j) for j in range(1, T + 1)])
 
 
-def average_forgetting(R: Matrix) -> float | None:
+ForgettingSince = Literal["any", "learned"]
+
+
+def average_forgetting(R: Matrix, since: ForgettingSince = "any") -> float | None:
     """Average forgetting: mean drop from each earlier task's best accuracy to its final one.
 
-    Formula: ``F = (1 / (T - 1)) * sum_{j=1..T-1} max_{l=j..T-1} (R[l, j] - R[T, j])``.
+    Formula (``since="any"``, the default): for each task ``j < T``,
+    ``f_j = max_{l=1..T-1} R[l, j] - R[T, j]``, and ``F = (1 / (T - 1)) * sum_j f_j``. The
+    maximum runs over the rows after every task but the last, including the rows *before* task
+    ``j`` was trained (a task helped by an earlier one counts that peak too); the base row 0 is
+    left out. This is the definition of Chaudhry et al. (2018), "Riemannian Walk for Incremental
+    Learning: Understanding Forgetting and Intransigence".
 
-    The maximum runs over the checkpoints after task ``j`` was trained and before the last
-    task. Sign: positive means forgetting (larger is worse); it is negative only when the
-    final accuracy on every such task beats all its earlier checkpoints. Returns ``None``
-    when ``T == 1``.
+    ``since="learned"`` keeps the older variant: the maximum runs over ``l = j..T-1`` only, the
+    rows from the moment task ``j`` was trained.
 
-    Source: Chaudhry et al. (2018), "Riemannian Walk for Incremental Learning: Understanding
-    Forgetting and Intransigence".
+    Worked example, T = 3, rows after tasks 1, 2, 3 (row 0 omitted)::
+
+        after 1: [0.9, 0.6, 0.0]
+        after 2: [0.5, 0.4, 0.1]
+        after 3: [0.2, 0.1, 0.8]
+
+    Task 1: max(0.9, 0.5) - 0.2 = 0.7 under both. Task 2: ``"any"`` takes max(0.6, 0.4) - 0.1 =
+    0.5 (its zero-shot peak after task 1); ``"learned"`` takes 0.4 - 0.1 = 0.3. So ``F`` is 0.6
+    against 0.5.
+
+    Sign: each ``f_j`` is the best of the checkpoints minus the final accuracy, so it is
+    negative only when the final accuracy on task ``j`` beats every one of them; the mean is
+    negative only when such gains outweigh the drops of the other tasks. Returns ``None`` when
+    ``T == 1``.
     """
     T = _validate(R)
     if T == 1:
         return None
-    per_task = [max(_at(R, k, j) for k in range(j, T)) - _at(R, T, j) for j in range(1, T)]
+    if since not in ("any", "learned"):
+        raise ValueError(f"average_forgetting: since must be 'any' or 'learned', got {since!r}")
+    first = {"any": lambda j: 1, "learned": lambda j: j}[since]
+    per_task = [max(_at(R, k, j) for k in range(first(j), T)) - _at(R, T, j) for j in range(1, T)]
     return _mean(per_task)
 
 
-def probe_retention(base: Sequence[float], now: Sequence[float]) -> float | None:
-    """Mean retained fraction of the base model's accuracy on held-out capability probes.
+@dataclass(frozen=True)
+class ProbeRetention:
+    """One probe's retention: the share of its above-chance base skill still there now.
 
-    Formula: ``retention = mean_{k : base[k] != 0} now[k] / base[k]``.
-
-    1.0 means the probes are fully retained, below 1.0 means capability was lost, above 1.0
-    means it improved. Probes where the base model scores 0 are skipped (the ratio is
-    undefined); returns ``None`` when no probe is left.
+    ``retention`` is ``clip((now - chance) / (base - chance), 0, 1)``, or ``None`` when the
+    base is at or below chance (nothing to retain: the probe is left out of the mean, with a
+    warning); ``drop`` is the absolute ``base - now``.
     """
-    if len(base) != len(now):
+
+    name: str
+    base: float
+    now: float
+    chance: float
+    retention: float | None
+    drop: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def probe_retention_detail(
+    names: Sequence[str],
+    base: Sequence[float],
+    now: Sequence[float],
+    chance: Sequence[float] | None = None,
+) -> list[ProbeRetention]:
+    """Per-probe retention (see :class:`ProbeRetention`); ``chance`` defaults to 0 for all,
+    the chance level of a generation probe (``1 / k`` for a ``k``-choice probe)."""
+    chance = [0.0] * len(base) if chance is None else chance
+    if not len(names) == len(base) == len(now) == len(chance):
         raise ValueError(
-            f"probe_retention needs one current accuracy per probe: "
-            f"got {len(base)} base and {len(now)} current values"
+            f"probe_retention needs one name, base, current and chance value per probe: got "
+            f"{len(names)}, {len(base)}, {len(now)} and {len(chance)}"
         )
-    ratios = [float(n) / float(b) for b, n in zip(base, now, strict=True) if b != 0]
-    if not ratios:
-        return None
-    return _mean(ratios)
+    out = []
+    for name, b, n, c in zip(names, base, now, chance, strict=True):
+        b, n, c = float(b), float(n), float(c)
+        kept = None if b <= c else min(1.0, max(0.0, (n - c) / (b - c)))
+        out.append(ProbeRetention(name, b, n, c, kept, b - n))
+    return out
+
+
+def probe_retention(
+    base: Sequence[float], now: Sequence[float], chance: Sequence[float] | None = None
+) -> float | None:
+    """Mean retention over the probes whose base score is above chance.
+
+    Formula: per probe ``r_k = clip((now[k] - c_k) / (base[k] - c_k), 0, 1)`` with ``c_k`` the
+    chance level (0 for generation, ``1 / k`` for ``k``-choice), then the mean of ``r_k`` over
+    the probes with ``base[k] > c_k``. Bounded in [0, 1]: 1 means every such probe is at or
+    above its base score, 0 that all are back at chance. Returns ``None`` when no probe is
+    above chance at the base; :func:`probe_retention_detail` names the ones left out.
+    """
+    names = [str(k) for k in range(len(base))]
+    kept = [p.retention for p in probe_retention_detail(names, base, now, chance)]
+    usable = [r for r in kept if r is not None]
+    return _mean(usable) if usable else None
 
 
 def token_kl(logp_p: Tensor, logp_q: Tensor, mask: Tensor) -> Tensor:
@@ -204,7 +267,10 @@ def token_kl(logp_p: Tensor, logp_q: Tensor, mask: Tensor) -> Tensor:
 
 
 def summarize(
-    R: Matrix, probe_base: Sequence[float], probe_now: Sequence[float]
+    R: Matrix,
+    probe_base: Sequence[float],
+    probe_now: Sequence[float],
+    probe_chance: Sequence[float] | None = None,
 ) -> dict[str, float | None]:
     """All accuracy-matrix and probe metrics in one dict.
 
@@ -219,5 +285,5 @@ def summarize(
         "fwt": forward_transfer(R),
         "forgetting": average_forgetting(R),
         "gain": plasticity_gain(R),
-        "retention": probe_retention(probe_base, probe_now),
+        "retention": probe_retention(probe_base, probe_now, probe_chance),
     }

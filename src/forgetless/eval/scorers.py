@@ -285,3 +285,11 @@ def build_scorer(cfg: ScorerConfig | None) -> TaskScorer:
 def score_task(model: nn.Module, tokenizer: Any, task: Task, batch_size: int) -> EvalResult:
     """Evaluate ``task`` with the scorer it is configured with."""
     return build_scorer(task.scoring).score(model, tokenizer, task, batch_size)
+
+
+def chance_level(task: Task) -> float:
+    """The score of guessing: ``1 / k`` averaged over a multiple-choice task's eval examples,
+    0 for a generated answer (no guess is right by luck often enough to matter)."""
+    if task.scoring is None or task.scoring.kind != "multiple_choice":
+        return 0.0
+    return sum(1 / len(e.choices or ()) for e in task.eval) / len(task.eval)

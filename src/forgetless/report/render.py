@@ -92,10 +92,13 @@ def _read(path: Path) -> dict[str, Any]:
     return data
 
 
+DETAIL_KEYS = ("kl_drift", "probe_retention", "warnings", "forgetting_since")
+
+
 def _metric_rows(results: dict[str, Any]) -> list[list[str]]:
     metrics = dict(results["metrics"])
-    drift = metrics.pop("kl_drift", None) or {}
-    rows = [[k, _cell(v)] for k, v in metrics.items()]
+    drift = metrics.get("kl_drift") or {}
+    rows = [[k, _cell(v)] for k, v in metrics.items() if k not in DETAIL_KEYS]
     rows += [
         ["KL(base ‖ model)", _cell(drift.get("base_to_model"))],
         ["KL(model ‖ base)", _cell(drift.get("model_to_base"))],
@@ -134,7 +137,33 @@ def sections_for_run(
             _metric_rows(results),
         ),
     ]
+    probes = results["metrics"].get("probe_retention")
+    if probes:
+        sections.append(_probe_section(results, probes))
     return f"forgetless run: {method} on {', '.join(results['tasks'])}", sections, pictures
+
+
+def _probe_section(results: dict[str, Any], probes: dict[str, Any]) -> Section:
+    """Per probe: base, now, chance, retention, the absolute drop and the gold log-likelihood."""
+    loglik = results.get("probe_loglik") or []
+    first, last = (loglik[0], loglik[-1]) if loglik else ([], [])
+    rows = []
+    for i, (name, p) in enumerate(probes.items()):
+        kept = "left out (base ≤ chance)" if p["retention"] is None else f"{p['retention']:.3f}"
+        ll = (
+            f"{first[i]:.3f} → {last[i]:.3f}"
+            if i < len(last) and last[i] is not None and first[i] is not None
+            else "n/a"
+        )
+        row = [name, f"{p['base']:.2f}", f"{p['now']:.2f}", f"{p['chance']:.2f}", kept]
+        rows.append([*row, f"{p['drop']:+.2f}", ll])
+    note = (
+        "retention = clip((now − chance) / (base − chance), 0, 1); its mean over the probes "
+        "above chance is the run's retention. Log-likelihood: the gold completion's mean "
+        "nats per token, base → now. " + " ".join(results["metrics"].get("warnings", []))
+    )
+    headers = ["probe", "base", "now", "chance", "retention", "drop", "log-lik"]
+    return Section("Probe retention", note.strip(), headers, rows)
 
 
 def sections_for_bench(

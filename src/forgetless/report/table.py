@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich import box
 from rich.table import Table
 
 METRIC_LABELS = {
@@ -52,4 +53,36 @@ def metrics_table(results: dict[str, Any]) -> Table:
     drift = metrics.get("kl_drift") or {}
     table.add_row("KL(base ‖ model) on probes", _fmt(drift.get("base_to_model")))
     table.add_row("KL(model ‖ base) on probes", _fmt(drift.get("model_to_base")))
+    return table
+
+
+SCREEN_COLUMNS = [
+    ("average_accuracy", "acc"),
+    ("bwt", "BWT"),
+    ("gain", "gain"),
+    ("retention", "retention"),
+]
+
+
+def _short(value: Any) -> str:
+    """``mean±half`` with two decimals: the 95% interval's half width when there are seeds."""
+    if value is None:
+        return "n/a"
+    half = (value["high"] - value["low"]) / 2
+    return f"{value['mean']:.2f}" + (f"±{half:.2f}" if value["n"] > 1 else "")
+
+
+def bench_screen_table(rows: list[dict[str, Any]]) -> Table:
+    """The bench at a glance, narrow enough for 80 columns and a pipe; ``report.md`` has all."""
+    table = Table(title="Bench (mean ± 95% interval)", box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("variant", overflow="fold")
+    for _, label in SCREEN_COLUMNS:
+        table.add_column(label, justify="right", no_wrap=True)
+    table.add_column("time ×seq_ft", justify="right", no_wrap=True)
+    for row in rows:
+        ratio = row.get("time_vs_seq_ft")
+        cells = [_short(row.get(key)) for key, _ in SCREEN_COLUMNS]
+        if row.get("joint_training"):
+            cells[1] = "n/a"
+        table.add_row(row["variant"], *cells, f"{ratio:.2f}" if ratio else "n/a")
     return table

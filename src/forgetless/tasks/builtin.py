@@ -63,12 +63,12 @@ def _word(rng: random.Random, lo: int, hi: int, alphabet: str = LETTERS) -> str:
 
 def _copy(rng: random.Random) -> Example:
     s = _word(rng, 3, 8)
-    return Example(f"cp {s}=", s)
+    return Example(f"copy: {s} >", s)
 
 
 def _upper(rng: random.Random) -> Example:
     s = _word(rng, 3, 8)
-    return Example(f"up {s}=", s.upper())
+    return Example(f"upper: {s} >", s.upper())
 
 
 # A fixed, made-up knowledge base: 12 entities x 4 attributes = 48 facts.
@@ -88,7 +88,7 @@ _KB: tuple[tuple[str, str, str, str, str], ...] = (
     ("fennic", "ploss", "violet", "orra", "hen"),
 )
 FACTS: tuple[Example, ...] = tuple(
-    Example(f"kb {attr} of {row[0]}?", value)
+    Example(f"fact: {attr} of {row[0]} >", value)
     for row in _KB
     for attr, value in zip(_ATTRIBUTES, row[1:], strict=True)
 )
@@ -99,8 +99,8 @@ def _facts(rng: random.Random) -> Example:
 
 
 def _add(rng: random.Random) -> Example:
-    a, b = rng.randint(10, 99), rng.randint(1, 99)
-    return Example(f"add {a}+{b}=", str(a + b))
+    a, b = rng.randint(100, 999), rng.randint(1, 9)
+    return Example(f"sum: {a}+{b} >", str(a + b))
 
 
 # --- sequence tasks ------------------------------------------------------------------------------
@@ -169,11 +169,44 @@ def _addmc(rng: random.Random) -> Example:
     return Example(f"pick {a}+{b}=", str(total), choices=tuple(choices), label=label)
 
 
+def _double(rng: random.Random) -> Example:
+    s = _word(rng, 2, 5)
+    return Example(f"dup {s}=", s + s)
+
+
 def _calc(rng: random.Random) -> Example:
     """GSM8K-style: a working step, then ``#### answer`` (values 2..57)."""
     a, b, c = rng.randint(10, 49), rng.randint(1, 9), rng.randint(1, 9)
     return Example(f"calc {a}+{b}-{c}?", f"{a + b}-{c} #### {a + b - c}")
 
+
+def _asked(
+    marker: str, rule: Callable[[random.Random], Example]
+) -> Callable[[random.Random], Example]:
+    """A sequence skill asked in the base's own format (``marker: arg >``): the same rule on the
+    same strings, so that the base holds it latent and a sequence task teaches its new format."""
+
+    def generate(rng: random.Random) -> Example:
+        ex = rule(rng)
+        arg = ex.prompt.split(" ", 1)[1].rstrip("=?")
+        return Example(f"{marker}: {arg} >", ex.completion)
+
+    return generate
+
+
+LATENT_SKILLS = (
+    ("reverse", "reverse", _reverse, 6),
+    ("sort", "sort", _sort, 6),
+    ("count", "count", _count, 1),
+    ("cipher", "encode", _cipher, 6),
+    ("bracket", "wrap", _bracket, 8),
+    ("double", "twice", _double, 10),
+    ("addmc", "plus", _addmc, 3),
+    ("calc", "compute", _calc, 12),
+)
+"""Sequence skills the base learns in its own format and is never probed on (see
+``docs/tiny-suite.md``): a sequence task then teaches a new format for a skill the base holds,
+as instruction tuning does for an LLM, so it is learned in a short budget at a gentle rate."""
 
 BUILTIN_TASKS: dict[str, BuiltinTaskSpec] = {
     spec.name: spec
@@ -187,7 +220,17 @@ BUILTIN_TASKS: dict[str, BuiltinTaskSpec] = {
             _facts,
             max(len(ex.completion) for ex in FACTS),
         ),
-        BuiltinTaskSpec("add", "add a 2-digit and a 1/2-digit number", True, _add, 3),
+        BuiltinTaskSpec("add", "add a 1-digit number to a 3-digit one", True, _add, 4),
+        *(
+            BuiltinTaskSpec(
+                f"ask-{task}",
+                f"the {task} skill asked in the base's format ('{marker}: ... >')",
+                True,
+                _asked(marker, rule),
+                width,
+            )
+            for task, marker, rule, width in LATENT_SKILLS
+        ),
         BuiltinTaskSpec("reverse", "reverse a 3-6 letter string", False, _reverse, 6),
         BuiltinTaskSpec("sort", "sort the letters of a 3-6 letter string", False, _sort, 6),
         BuiltinTaskSpec("count", "count occurrences of a letter in a string", False, _count, 1),
@@ -197,6 +240,7 @@ BUILTIN_TASKS: dict[str, BuiltinTaskSpec] = {
         BuiltinTaskSpec(
             "bracket", "format rule: uppercase and wrap in [brackets]", False, _bracket, 8
         ),
+        BuiltinTaskSpec("double", "write a 2-5 letter string twice", False, _double, 10),
         BuiltinTaskSpec(
             "wordprob", "3-step arithmetic word problem (values 0-99)", False, _wordprob, 2
         ),
@@ -221,8 +265,17 @@ BUILTIN_TASKS: dict[str, BuiltinTaskSpec] = {
 
 
 def base_capability_names() -> list[str]:
-    """Names of the base-capability tasks, in suite order."""
-    return [name for name, spec in BUILTIN_TASKS.items() if spec.base_capability]
+    """Names of the probed base capabilities, in suite order (the latent skills left out)."""
+    return [
+        name
+        for name, spec in BUILTIN_TASKS.items()
+        if spec.base_capability and not name.startswith("ask-")
+    ]
+
+
+def latent_skill_names() -> list[str]:
+    """Names of the latent skills: in the base's mixture, never probed (``LATENT_SKILLS``)."""
+    return [f"ask-{task}" for task, *_ in LATENT_SKILLS]
 
 
 def sequence_task_names() -> list[str]:

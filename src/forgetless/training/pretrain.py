@@ -25,7 +25,7 @@ from forgetless.tasks.base import Task
 from forgetless.tasks.builtin import build_builtin_task
 from forgetless.tasks.formatting import encode_example
 
-SUITE_VERSION = 1
+SUITE_VERSION = 2
 PRETRAIN_EVAL = 100
 
 
@@ -38,12 +38,29 @@ def base_fingerprint(cfg: ModelConfig) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
 
 
+SHIPPED_BASE = Path(__file__).resolve().parents[1] / "assets" / "tiny-base"
+"""The tiny preset's base, pretrained once and shipped in the package (hash in docs/tiny-suite.md),
+so that every machine starts from the same weights and nothing pretrains by default."""
+
+
 def cached_base_dir(cfg: ModelConfig) -> Path:
     return cache_root() / "base" / base_fingerprint(cfg)
 
 
+def shipped_base_dir(cfg: ModelConfig) -> Path | None:
+    """The shipped base when ``cfg`` is the configuration it was pretrained under."""
+    meta = SHIPPED_BASE / "pretrain.json"
+    if not meta.is_file():
+        return None
+    shipped = json.loads(meta.read_text(encoding="utf-8")).get("fingerprint")
+    return SHIPPED_BASE if shipped == base_fingerprint(cfg) else None
+
+
 def ensure_base_model(cfg: ModelConfig, console: Console, progress: bool = True) -> Path:
-    """The cached pretrained tiny base for ``cfg``, pretraining it first when absent."""
+    """The tiny base for ``cfg``: the shipped one, else the cached one, else pretrained now."""
+    shipped = shipped_base_dir(cfg)
+    if shipped is not None:
+        return shipped
     folder = cached_base_dir(cfg)
     if (folder / "pretrain.json").is_file():
         return folder
@@ -58,7 +75,8 @@ def _mixture(cfg: ModelConfig) -> tuple[Task, list[Task]]:
         build_builtin_task(name, n_train=p.n_train, n_eval=PRETRAIN_EVAL, seed=p.seed)
         for name in p.tasks
     ]
-    train = [example for task in parts for example in task.train]
+    # A skill with a small example space is repeated up to n_train, so each weighs alike.
+    train = [task.train[i % len(task.train)] for task in parts for i in range(p.n_train)]
     mix = Task(
         name="base-mixture", train=train, eval=parts[0].eval, description="pretraining mixture"
     )

@@ -10,9 +10,9 @@ from typing import Any
 from forgetless.core.rundir import RunDir
 from forgetless.core.storage import atomic_write_json
 from forgetless.errors import CheckpointError
-from forgetless.eval.metrics import summarize
+from forgetless.eval.metrics import average_forgetting, probe_retention_detail, summarize
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 @dataclass
@@ -28,6 +28,9 @@ class Results:
     kl_model_to_base: list[float | None] = field(default_factory=list)
     per_task: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
+    probe_chance: list[float] = field(default_factory=list)
+    loglik: list[list[float | None]] = field(default_factory=list)
+    probe_loglik: list[list[float | None]] = field(default_factory=list)
 
     @property
     def completed_tasks(self) -> int:
@@ -41,7 +44,20 @@ class Results:
         matrix = [row[:done] for row in self.accuracy]
         base_probes = self.probe_accuracy[0] if self.probe_accuracy else []
         now_probes = self.probe_accuracy[-1] if self.probe_accuracy else []
-        out: dict[str, Any] = summarize(matrix, base_probes, now_probes)
+        chance = self.probe_chance or None
+        out: dict[str, Any] = summarize(matrix, base_probes, now_probes, chance)
+        since = self.config.get("eval", {}).get("forgetting", "any")
+        out["forgetting"] = average_forgetting(matrix, since)
+        out["forgetting_since"] = since
+        if base_probes:
+            detail = probe_retention_detail(self.probes, base_probes, now_probes, chance)
+            out["probe_retention"] = {p.name: p.as_dict() for p in detail}
+            out["warnings"] = [
+                f"probe {p.name!r} scores {p.base:.2f} at the base, at or below chance "
+                f"{p.chance:.2f}: left out of retention"
+                for p in detail
+                if p.retention is None
+            ]
         out["kl_drift"] = {
             "base_to_model": self.kl_base_to_model[-1],
             "model_to_base": self.kl_model_to_base[-1],
@@ -66,6 +82,9 @@ class Results:
             "metrics": self.metrics(),
             "per_task": self.per_task,
             "events": self.events,
+            "probe_chance": self.probe_chance,
+            "loglik": self.loglik,
+            "probe_loglik": self.probe_loglik,
         }
 
     def write(self, out_dir: Path) -> None:
@@ -90,6 +109,9 @@ class Results:
             kl_model_to_base=data["kl_drift"]["model_to_base"],
             per_task=data["per_task"],
             events=data.get("events", []),
+            probe_chance=data.get("probe_chance", []),
+            loglik=data.get("loglik", []),
+            probe_loglik=data.get("probe_loglik", []),
         )
 
 

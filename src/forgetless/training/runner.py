@@ -41,9 +41,9 @@ from forgetless.engine.session import TaskSession
 from forgetless.engine.step_checkpoint import StepCheckpointer, plan_fingerprint
 from forgetless.engine.tracking import Tracker
 from forgetless.errors import ConfigError
-from forgetless.eval.generation import EvalResult, completion_logprobs, kl_drift
+from forgetless.eval.generation import EvalResult, completion_logprobs, gold_loglik, kl_drift
 from forgetless.eval.lm_eval_probe import run_lm_eval_probe
-from forgetless.eval.scorers import score_task
+from forgetless.eval.scorers import chance_level, score_task
 from forgetless.models.finetuner import Finetuner
 from forgetless.models.loading import load_model, load_model_and_tokenizer, resolve_source
 from forgetless.tasks.base import Task
@@ -268,6 +268,8 @@ class Runner:
         scores = {p.name: evals[p.name].accuracy for p in self.probes}
         scores.update(self._lm_eval_scores(model))
         results.probe_accuracy.append([scores[name] for name in probe_names(self.cfg.probes)])
+        results.probe_chance = self._probe_chance()
+        self._record_loglik(results, model)
         drift: tuple[float | None, float | None] = (None, None)
         if self.base_logprobs is not None:
             now = self._probe_logprobs(model)
@@ -276,6 +278,27 @@ class Runner:
         results.kl_base_to_model.append(drift[0])
         results.kl_model_to_base.append(drift[1])
         return evals
+
+    def _probe_chance(self) -> list[float]:
+        chance = {p.name: chance_level(p) for p in self.probes}
+        for probe in self.lm_probes:
+            chance.update(dict.fromkeys(probe.names, probe.lm_eval.chance))
+        return [chance[name] for name in probe_names(self.cfg.probes)]
+
+    def _record_loglik(self, results: Results, model: nn.Module) -> None:
+        """The gold completions' mean log-likelihood per task and per probe (lm-eval: None)."""
+        n, e = self.cfg.eval.loglik_examples, self.cfg.eval
+        if n == 0:
+            return
+
+        def of(task: Task) -> float:
+            return gold_loglik(
+                model, self.tokenizer, task.eval[:n], self.cfg.train.max_length, e.batch_size
+            )
+
+        by_probe = {p.name: of(p) for p in self.probes}
+        results.loglik.append([of(t) for t in self.tasks])
+        results.probe_loglik.append([by_probe.get(name) for name in probe_names(self.cfg.probes)])
 
     def _plan(self, index: int, task_cfg: TaskConfig, n_examples: int) -> TrainPlan:
         t, o = self.cfg.train, task_cfg.train
