@@ -68,11 +68,15 @@ def render(bench: dict[str, Any]) -> str:
     if base:
         headers += ["retention − seq_ft (paired)", "gain − seq_ft (paired)"]
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    joint = {r["variant"] for r in bench.get("rows", []) if r.get("joint_training")}
     for name in variants:
         runs = by_variant.get(name, {})
         cells = [name]
         for key, _ in COLUMNS:
             values = [v for r in runs.values() if (v := _metric(r, key)) is not None]
+            if key == "bwt" and name in joint:
+                cells.append("n/a (joint)")
+                continue
             cells.append(_fmt(*interval(values)) if values else "n/a")
         if base:
             for key in ("retention", "gain"):

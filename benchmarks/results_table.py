@@ -3,6 +3,7 @@ one table per benchmark. Pure formatting: every figure is read from a report of 
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 Report = dict[str, Any]
@@ -57,7 +58,7 @@ def targets(summary: Report) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
 
     def add(what: str, ratios: list[float], target: float, below: bool, digits: int = 3) -> None:
-        value = sorted(ratios)[len(ratios) // 2] if ratios else None
+        value = statistics.median(ratios) if ratios else None
         half = spread(ratios)
         sign = "≤" if below else "≥"
         shown = "–" if value is None else f"{value:.{digits}f}×"
@@ -134,7 +135,7 @@ def targets(summary: Report) -> list[dict[str, Any]]:
         report = _report(summary, name)
         if report:
             times = [float(t) for t in report.get(f"{key}_repeats", [report[key]])]
-            value, half = sorted(times)[len(times) // 2], spread(times)
+            value, half = statistics.median(times), spread(times)
             out.append(
                 {
                     "what": what,
@@ -173,6 +174,8 @@ def _targets_md(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def _methods_md(report: Report) -> list[str]:
+    """Each method over ``seq_ft``: the ratio of medians, ± half the range of the per-repeat
+    ratios (repeat i of the method over repeat i of ``seq_ft``)."""
     rows = report["rows"]
     names = list(dict.fromkeys(r["method"] for r in rows))
     lines = [
@@ -189,7 +192,16 @@ def _methods_md(report: Report) -> list[str]:
                 cells += ["n/a"] * 3
                 continue
             state = max(state, row["state_bytes"])
-            cells += [_x(row["step_ratio"]), _x(row["task_ratio"]), _x(row["peak_ratio"])]
+            runs = report.get("runs", {})
+            mine, base = runs.get(f"{name}/{mode}", []), runs.get(f"seq_ft/{mode}", [])
+            for key, shown in (
+                ("step_s", row["step_ratio"]),
+                ("task_s_per_step", row["task_ratio"]),
+                ("peak_mb", row["peak_ratio"]),
+            ):
+                ratios = paired_ratios([r[0][key] for r in mine], [r[0][key] for r in base])
+                half = spread(ratios)
+                cells.append(_x(shown) + ("" if half is None else f" ± {half:.2f}"))
         lines.append(f"| `{name}` | " + " | ".join(cells) + f" | {_bytes(state)} |")
     return lines
 

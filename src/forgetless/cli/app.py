@@ -115,12 +115,19 @@ def methods() -> None:
 @app.command()
 def tasks() -> None:
     """List the built-in task suite."""
-    from forgetless.tasks.builtin import BUILTIN_TASKS, build_builtin_task
+    from forgetless.tasks.builtin import BUILTIN_TASKS, build_builtin_task, latent_skill_names
 
+    latent = set(latent_skill_names())
     table = Table("task", "role", "example", "description")
     for name, spec in BUILTIN_TASKS.items():
         example = build_builtin_task(name, n_train=1, n_eval=1, seed=0).eval[0]
-        role = "base capability (probe)" if spec.base_capability else "sequence"
+        role = (
+            "latent (in the base, never probed)"
+            if name in latent
+            else "base capability (probe)"
+            if spec.base_capability
+            else "sequence"
+        )
         table.add_row(
             name, role, escape(f"{example.prompt}{example.completion}"), escape(spec.description)
         )
