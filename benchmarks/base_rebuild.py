@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from run_all import machine  # benchmarks/ is on sys.path
+from run_all import commit, machine  # benchmarks/ is on sys.path
 
 from forgetless.core.storage import atomic_write_json
 from forgetless.training.pretrain import SHIPPED_BASE
@@ -32,11 +32,6 @@ PROBES = ("copy", "upper", "facts", "add")
 
 def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _git_head() -> str:
-    done = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False)
-    return done.stdout.strip()
 
 
 def main() -> None:
@@ -55,7 +50,7 @@ def main() -> None:
     gaps = {k: rebuilt["accuracy"][k] - shipped["accuracy"][k] for k in shipped["accuracy"]}
     report = {
         "command": "forgetless pretrain --out FOLDER",
-        "commit": _git_head(),
+        "commit": commit(),
         "machine": machine(int(os.environ.get("OMP_NUM_THREADS", os.cpu_count() or 1))),
         "seconds": round(seconds, 1),
         "shipped": {"accuracy": shipped["accuracy"], "fingerprint": shipped["fingerprint"]},

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 import yaml
-from run_all import machine  # benchmarks/ is on sys.path
+from run_all import commit, machine  # benchmarks/ is on sys.path
 
 from forgetless.core.storage import atomic_write_json
 
@@ -47,7 +47,7 @@ def main() -> None:
     first = Path(bench["runs"][0]["folder"]) / "config.yaml"
     bench["provenance"] = {
         "command": "forgetless " + " ".join(command[3:]),
-        "commit": _git("rev-parse", "HEAD"),
+        "commit": commit(),
         "uncommitted_changes": bool(_git("status", "--porcelain", "--untracked-files=no")),
         "machine": machine(int(os.environ.get("OMP_NUM_THREADS", os.cpu_count() or 1))),
         "config": yaml.safe_load(first.read_text(encoding="utf-8")) if first.is_file() else None,

@@ -22,6 +22,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from forgetless.bench.stats import mean_interval
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -33,17 +35,13 @@ COLUMNS = [
     ("retention", "probe retention"),
     ("kl_drift", "KL(base‖model)"),
 ]
-T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228]
 
 
 def interval(values: list[float]) -> tuple[float, float, int]:
-    """Mean and half-width of the 95% t-interval (0 for one value)."""
-    n = len(values)
-    mean = sum(values) / n
-    if n < 2:
-        return mean, 0.0, n
-    sd = (sum((v - mean) ** 2 for v in values) / (n - 1)) ** 0.5
-    return mean, (T975[n - 2] if n - 1 <= len(T975) else 1.96) * sd / n**0.5, n
+    """Mean and half-width of the 95% t-interval (0 for one value): ``bench.stats``'s."""
+    found = mean_interval(values)
+    assert found is not None, "interval of no values"
+    return found.mean, (found.high - found.low) / 2, found.n
 
 
 def _fmt(mean: float, half: float, n: int) -> str:

@@ -66,6 +66,12 @@ JOBS = (
 )
 
 
+def commit() -> str:
+    """The checked-out commit the numbers were measured at ('' outside a git checkout)."""
+    done = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False)
+    return done.stdout.strip()
+
+
 def machine(threads: int) -> dict[str, Any]:
     """What the numbers were measured on."""
     import torch

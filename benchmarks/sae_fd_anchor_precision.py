@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from run_all import machine  # benchmarks/ is on sys.path
+from run_all import commit, machine  # benchmarks/ is on sys.path
 
 from forgetless.bench.stats import mean_interval
 from forgetless.core.storage import atomic_write_json
@@ -39,11 +39,6 @@ def paired_difference(runs: list[dict[str, Any]], metric: str) -> dict[str, Any]
     return {**interval.as_dict(), "per_seed": diffs}
 
 
-def _commit() -> str:
-    git = ["git", "rev-parse", "HEAD"]
-    return subprocess.run(git, capture_output=True, text=True, check=False).stdout.strip()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=3)
@@ -59,7 +54,7 @@ def main() -> None:
     bench = json.loads((args.work / "bench.json").read_text(encoding="utf-8"))
     report = {
         "command": " ".join(command[2:]),
-        "commit": _commit(),
+        "commit": commit(),
         "machine": machine(os.cpu_count() or 1),
         "bwt_difference": paired_difference(bench["runs"], "bwt"),
         "retention_difference": paired_difference(bench["runs"], "retention"),
