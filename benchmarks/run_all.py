@@ -76,16 +76,10 @@ def machine(threads: int) -> dict[str, Any]:
     """What the numbers were measured on."""
     import torch
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    from forgetless.bench.campaign import cpu_name
+
     return {
-        "cpu": cpu,
+        "cpu": cpu_name(),
         "cores": os.cpu_count(),
         "device": "cuda" if torch.cuda.is_available() else "cpu",
         "torch_threads": threads,

@@ -111,3 +111,40 @@ def test_compare_reports_only_separated_intervals() -> None:
     near = {"mean": -0.88, "low": -0.99, "high": -0.8, "n": 3}
     assert compare(high, low) == "higher" and compare(low, high) == "lower"
     assert compare(near, low) == "overlap" and compare(None, low) == "n/a"
+
+
+def test_campaign_keeps_runs_and_skips_what_is_kept(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rich.console import Console
+
+    from forgetless.bench import sweep
+
+    base = tiny_run_config(tiny_model_dir, tasks=["reverse"])
+    variants = [parse_variant("seq_ft")]
+    kept = tmp_path / "kept"
+    first = sweep.run_bench(
+        base, variants, 2, 1, tmp_path / "a", Console(quiet=True), False, 0, kept
+    )
+    records = sorted(kept.glob("cpu/seq_ft/*.json"))
+    assert [p.name for p in records] == ["s0.json", "s1.json"]
+    record = json.loads(records[0].read_text(encoding="utf-8"))
+    assert record["commit"] is None or len(record["commit"]) == 40
+    assert record["machine"]["device"] == "cpu" and record["results"]["status"] == "complete"
+
+    class NoRun:
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            raise AssertionError("a kept run ran again")
+
+    monkeypatch.setattr(sweep, "Runner", NoRun)
+    again = sweep.run_bench(
+        base, variants, 2, 1, tmp_path / "b", Console(quiet=True), False, 0, kept
+    )
+    assert again["runs"] == first["runs"]
+
+    changed = json.loads(json.dumps(base))
+    changed["train"]["lr"] = 2e-3  # another config: the kept runs no longer stand for it
+    with pytest.raises(AssertionError, match="ran again"):
+        sweep.run_bench(
+            changed, variants, 1, 1, tmp_path / "c", Console(quiet=True), False, 0, kept
+        )

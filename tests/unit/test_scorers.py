@@ -120,15 +120,32 @@ def test_generation_check_scores_unparsable_as_zero_and_logs(
 # --- multiple choice ------------------------------------------------------------------------------
 
 
+class _StatelessCache:
+    """A bigram needs no past: selecting rows of its cache changes nothing."""
+
+    def batch_select_indices(self, rows: torch.Tensor) -> None:
+        del rows
+
+
 class BigramModel(nn.Module):
-    """Logits at each position depend only on the current token: a table set by hand."""
+    """Logits at each position depend only on the current token: a table set by hand. Called
+    like a Hugging Face causal LM (``logits_to_keep``, a cache it hands back)."""
 
     def __init__(self, log_probs: torch.Tensor) -> None:
         super().__init__()
         self.table = nn.Parameter(log_probs)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Any:
-        return SimpleNamespace(logits=self.table[input_ids])
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        logits_to_keep: int = 0,
+        **_: Any,
+    ) -> Any:
+        logits = self.table[input_ids]
+        if logits_to_keep:
+            logits = logits[:, -logits_to_keep:]
+        return SimpleNamespace(logits=logits, past_key_values=_StatelessCache())
 
 
 def _bigram(tokenizer: Any, rows: dict[str, dict[str, float]]) -> BigramModel:

@@ -8,6 +8,7 @@ from typing import Any
 
 from rich.console import Console
 
+from forgetless.bench.campaign import config_key, load_record, record_path, save_record
 from forgetless.bench.stats import Interval, mean_interval, separated
 from forgetless.bench.variants import Variant, run_folder_name, task_order
 from forgetless.config.loading import apply_override, validate_config
@@ -119,13 +120,24 @@ def run_bench(
     console: Console,
     progress: bool = True,
     first_seed: int = 0,
+    campaign: Path | None = None,
 ) -> dict[str, Any]:
+    """Run every planned config; with ``campaign``, keep each finished run there and skip the
+    runs kept under the same config (``forgetless.bench.campaign``)."""
     planned = plan_runs(base, variants, seeds, orders, out_dir, first_seed)
     runs = []
     for number, (variant, folder, cfg) in enumerate(planned, start=1):
+        kept = campaign and record_path(campaign, folder.parent.name, folder.name)
+        record = load_record(kept, config_key(cfg)) if kept else None
+        if record is not None:
+            console.print(f"bench run {number}/{len(planned)}: {variant.name} kept in {kept}")
+            runs.append(record["summary"])
+            continue
         console.print(f"[bold]bench run {number}/{len(planned)}[/]: {variant.name} → {folder}")
         results = Runner(cfg, folder, console, progress=progress).run().to_json()
         runs.append(_run_summary(variant, folder, results))
+        if kept:
+            save_record(kept, cfg, runs[-1], results)
     bench = {
         "schema_version": 1,
         "seeds": seeds,

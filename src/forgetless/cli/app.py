@@ -61,24 +61,31 @@ def run(
 
 @app.command()
 def validate(
-    config: Annotated[Path, typer.Argument(help="YAML config to check.")], set_: SetOpt = None
+    config: Annotated[
+        Path | None, typer.Argument(help="YAML config to check; omit to check the preset.")
+    ] = None,
+    set_: SetOpt = None,
+    preset: PresetOpt = "tiny",
 ) -> None:
     """Check a config (and its bench variants) without running anything (exit 2 on error)."""
+    import copy
+
     from forgetless.bench.sweep import plan_runs
     from forgetless.bench.variants import pop_bench_section
-    from forgetless.config.loading import apply_override, read_yaml, validate_config
+    from forgetless.config.loading import apply_override, config_data, validate_config
 
-    data = read_yaml(config)
-    section = pop_bench_section(data, str(config))
+    source = str(config) if config else f"preset {preset}"
+    data = copy.deepcopy(config_data(config, preset))
+    section = pop_bench_section(data, source)
     for assignment in set_ or []:
         apply_override(data, assignment)
-    cfg = validate_config(data, str(config))
-    _check_builtin_names(cfg, str(config))
+    cfg = validate_config(data, source)
+    _check_builtin_names(cfg, source)
     planned = plan_runs(data, section.variants, 1, 1, Path("."))
     names = ", ".join(t.display_name for t in cfg.tasks)
     extra = f"; {len(planned)} bench variants ok" if planned else ""
     console.print(
-        f"ok: {config} — method {cfg.method.name}, {cfg.finetune.mode} fine-tuning, "
+        f"ok: {source} — method {cfg.method.name}, {cfg.finetune.mode} fine-tuning, "
         f"tasks: {names}{extra}"
     )
 
@@ -87,15 +94,15 @@ def _check_builtin_names(cfg: Any, source: str) -> None:
     """Unknown built-in task names, found offline (``run`` finds them when it builds the tasks)."""
     from forgetless.config.schema import TaskConfig
     from forgetless.errors import ConfigError
-    from forgetless.tasks.builtin import BUILTIN_TASKS
+    from forgetless.tasks.builtin import known_task_names
 
     places = [("tasks", i, t) for i, t in enumerate(cfg.tasks)]
     places += [("probes", i, p) for i, p in enumerate(cfg.probes) if isinstance(p, TaskConfig)]
     for section, index, task in places:
-        if task.builtin is not None and task.builtin not in BUILTIN_TASKS:
+        if task.builtin is not None and task.builtin not in known_task_names():
             raise ConfigError(
                 f"{source}: {section}.{index}: unknown built-in task {task.builtin!r}; "
-                f"known: {', '.join(BUILTIN_TASKS)}"
+                f"known: {', '.join(known_task_names())}"
             )
 
 
@@ -115,22 +122,36 @@ def methods() -> None:
 @app.command()
 def tasks() -> None:
     """List the built-in task suite."""
-    from forgetless.tasks.builtin import BUILTIN_TASKS, build_builtin_task, latent_skill_names
+    from forgetless.tasks.builtin import (
+        BUILTIN_TASKS,
+        build_builtin_task,
+        known_task_names,
+        latent_skill_names,
+    )
+    from forgetless.tasks.general import GENERAL_PROBES
 
     latent = set(latent_skill_names())
     table = Table("task", "role", "example", "description")
-    for name, spec in BUILTIN_TASKS.items():
-        example = build_builtin_task(name, n_train=1, n_eval=1, seed=0).eval[0]
+    for name in known_task_names():
+        task = build_builtin_task(name, n_train=1, n_eval=1, seed=0)
+        example, spec = task.eval[0], BUILTIN_TASKS.get(name)
         role = (
-            "latent (in the base, never probed)"
+            "real track: general probe"
+            if name in GENERAL_PROBES
+            else "real track: instruct sequence"
+            if spec is None
+            else "latent (in the base, never probed)"
             if name in latent
             else "base capability (probe)"
             if spec.base_capability
             else "sequence"
         )
-        table.add_row(
-            name, role, escape(f"{example.prompt}{example.completion}"), escape(spec.description)
+        shown = (
+            f"{example.prompt} -> {example.completion}"
+            if spec is None
+            else f"{example.prompt}{example.completion}"
         )
+        table.add_row(name, role, escape(shown), escape(task.description))
     console.print(table)
 
 
@@ -180,6 +201,13 @@ def bench(
     set_: SetOpt = None,
     quiet: Annotated[bool, typer.Option(help="No progress bars.")] = False,
     preset: PresetOpt = "tiny",
+    campaign: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(
+            help="Keep each finished run's raw results here (commit them) and skip the runs "
+            "kept under the same config: a bench that resumes on a fresh clone."
+        ),
+    ] = None,
 ) -> None:
     """Run methods side by side on one sequence, seeds and budget; write bench.json + report."""
     from forgetless.bench.sweep import run_bench
@@ -211,6 +239,7 @@ def bench(
         console,
         progress=not quiet,
         first_seed=section.first_seed if first_seed is None else first_seed,
+        campaign=campaign,
     )
     console.print(bench_screen_table(result["rows"]))
     md_path, html_path = write_report(out_dir)

@@ -6,5 +6,8 @@ from typing import Annotated, Optional
 
 import typer
 
-PresetOpt = Annotated[str, typer.Option(help="Built-in preset when no CONFIG: tiny.")]
+PresetOpt = Annotated[
+    str,
+    typer.Option(help="Built-in preset when no CONFIG: tiny or smollm2 (the real-model track)."),
+]
 SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="Override: key.path=value")]  # noqa: UP045

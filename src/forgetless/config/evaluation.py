@@ -89,7 +89,30 @@ class MultipleChoiceScorer(_Strict):
     )
 
 
-ScorerKind = Literal["exact_match", "contains", "startswith", "regex", "numeric", "multiple_choice"]
+class AliasScorer(_Strict):
+    """The reference or one of the example's aliases appears in the generation as whole words,
+    ignoring case (short free-text answers: ``4`` or ``four``)."""
+
+    kind: Literal["aliases"] = "aliases"
+
+
+class EndsTurnScorer(_Strict):
+    """The generation ends with the end-of-turn (EOS) token inside ``max_new_tokens``: the
+    reference is not compared (chat-format discipline)."""
+
+    kind: Literal["ends_turn"] = "ends_turn"
+
+
+ScorerKind = Literal[
+    "exact_match",
+    "contains",
+    "startswith",
+    "regex",
+    "numeric",
+    "multiple_choice",
+    "aliases",
+    "ends_turn",
+]
 ScorerConfig = Annotated[
     Union[  # noqa: UP007
         ExactMatchScorer,
@@ -98,6 +121,8 @@ ScorerConfig = Annotated[
         RegexScorer,
         NumericScorer,
         MultipleChoiceScorer,
+        AliasScorer,
+        EndsTurnScorer,
     ],
     Field(discriminator="kind"),
 ]

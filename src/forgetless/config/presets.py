@@ -1,4 +1,4 @@
-"""Built-in presets: the tiny demo on the built-in suite, from the shipped tiny base."""
+"""Built-in presets: the tiny demo from the shipped tiny base, and the real-model track."""
 
 from __future__ import annotations
 
@@ -9,6 +9,10 @@ DEMO_SEQUENCE = ["reverse", "cipher", "bracket"]
 DEMO_PROBES = ["copy", "upper", "facts", "add"]
 DEMO_BENCH_METHODS = ["seq_ft", "replay", "ewc", "kl_sft"]
 """The bench demo's methods: the baseline and one of each family (those registered run)."""
+
+SMOLLM2_SEQUENCE = ["it-json", "it-robot", "it-sortwords", "it-steps"]
+SMOLLM2_LORA_LAYERS = list(range(22, 30))
+"""The top 8 of SmolLM2-135M's 30 layers: the backward pass stops below them."""
 
 
 def demo_config_dict() -> dict[str, Any]:
@@ -24,6 +28,45 @@ def demo_config_dict() -> dict[str, Any]:
     }
 
 
+def smollm2_config_dict() -> dict[str, Any]:
+    """SmolLM2-135M-Instruct with LoRA on its top layers, four instruct tasks, and the general
+    probes: the question set (multiple choice and short answer), chat-format discipline and the
+    held-out prose. Sized for a seq_ft run within 20 minutes on two CPU cores
+    (docs/performance.md)."""
+    return {
+        "seed": 0,
+        "model": {"name_or_path": "smollm2-135m-instruct"},
+        "finetune": {
+            "mode": "lora",
+            "lora": {"r": 8, "alpha": 16, "layers": list(SMOLLM2_LORA_LAYERS), "regime": "carry"},
+        },
+        "train": {
+            "steps": 100,
+            "batch_size": 8,
+            "lr": 5e-4,
+            "max_length": 96,
+        },
+        "eval": {
+            "n_eval": 48,
+            "n_train": 1000,
+            "between": 16,
+            "batch_size": 32,
+            "kl_examples": 16,
+            "loglik_examples": 16,
+            "prose": True,
+            "cache_base_row": True,
+        },
+        "tasks": list(SMOLLM2_SEQUENCE),
+        "probes": [
+            {"builtin": "gk-mc", "n_eval": 320},
+            {"builtin": "gk-short", "n_eval": 96},
+            {"builtin": "chat-format", "n_eval": 32},
+        ],
+        "method": {"name": "seq_ft"},
+    }
+
+
 PRESETS: dict[str, Callable[[], dict[str, Any]]] = {
     "tiny": demo_config_dict,
+    "smollm2": smollm2_config_dict,
 }

@@ -105,6 +105,11 @@ class LoraConfig(Strict):
         ],
         description="Module names that get adapters.",
     )
+    layers: list[int] | None = Field(
+        None,
+        description="Decoder layer indices that get adapters (PEFT layers_to_transform); null: "
+        "all. Adapters on the top layers only stop the backward pass there.",
+    )
     regime: Literal["carry", "merge", "per_task"] = Field(
         "carry",
         description="carry: one adapter for the whole sequence (SeqLoRA); merge: a new adapter per "
@@ -137,6 +142,11 @@ class TrainConfig(Strict):
         description="Longest training example in tokens: a longer one keeps its first max_length "
         "tokens (the completion's end is cut, counted and warned about); one whose prompt alone "
         "fills it is an error.",
+    )
+    autocast: Literal["off", "bf16"] = Field(
+        "off",
+        description="bf16: training's forward passes under bfloat16 autocast (weights and "
+        "optimizer state stay float32); evaluation stays float32.",
     )
     on_nonfinite: Literal["stop", "skip"] = Field(
         "stop",
@@ -247,6 +257,28 @@ class EvalConfig(Strict):
         description="Eval examples per task and probe for the gold completion's mean "
         "log-likelihood, a continuous signal beside accuracy (0: off).",
     )
+    between: int | None = Field(
+        None,
+        ge=1,
+        description="Eval examples per task and probe in the rows after every task but the last "
+        "(the base row and the final row use n_eval): small evaluations between tasks, the full "
+        "one at the end. Null: n_eval everywhere.",
+    )
+    cache_base_row: bool = Field(
+        False,
+        description="Evaluate the base once and cache row 0 for every run on the same model, "
+        "tasks, probes, evaluation settings and seed ($FORGETLESS_CACHE/base-rows).",
+    )
+    prose: bool = Field(
+        False,
+        description="Perplexity and token KL(base || model) on the shipped held-out prose "
+        "(48 paragraphs written for forgetless), in every row.",
+    )
+    prose_paragraphs: int = Field(48, ge=1, description="Prose paragraphs for perplexity.")
+    prose_kl_paragraphs: int = Field(
+        8, ge=1, description="Of those, the first ones whose base distributions are kept for KL."
+    )
+    prose_max_tokens: int = Field(192, ge=8, description="Tokens per prose paragraph, at most.")
     forgetting: Literal["any", "learned"] = Field(
         "any",
         description="Forgetting's reference: the best row after any earlier task (Chaudhry et "

@@ -105,6 +105,8 @@ class StepContext:
     batch_share: float = 1.0
     """This process's share of the micro-batch's labelled tokens (1.0 with one process): a
     token-mean value ``v`` of this process is worth ``batch_share * v`` of the global one."""
+    autocast: bool = False
+    """The step's forward pass runs under bfloat16 autocast (``TrainPlan.autocast``)."""
 
 
 @dataclass
@@ -148,6 +150,10 @@ class Method(Generic[ConfigT]):
     smoke: ClassVar[dict[str, Any]] = {}
     """Config fields for a seconds-long run on the tiny model: the conformance matrix and the
     benchmark harness take them from here (the LoRA regime from ``lora_regimes``)."""
+    window_ok: ClassVar[bool] = False
+    """True when the method's loss terms never read ``outputs.logits``' values, so the loop may
+    compute logits only over the completion window (methods without ``LOSS_TERMS`` or
+    ``REPLACE_LOSS`` get the window anyway, since they never see the outputs)."""
     carry_only: ClassVar[str | None] = None
     """When set, why the method needs one adapter for the whole sequence under LoRA (regime
     ``carry``): it keeps per-weight state by name. Checked with ``lora_regimes`` by

@@ -21,6 +21,8 @@ class TrainPlan:
     max_grad_norm: float | None = 1.0
     on_nonfinite: str = "stop"
     """``stop``: a non-finite loss or gradient raises; ``skip``: drop that step's update."""
+    autocast: bool = False
+    """Forward passes under bfloat16 autocast (float32 weights and optimizer state)."""
 
 
 @dataclass

@@ -54,6 +54,17 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(shifted, labels[:, 1:].reshape(-1), ignore_index=IGNORE_INDEX)
 
 
+def completion_window(labels: torch.Tensor) -> int:
+    """How many trailing positions hold every labelled token and the one before each row's
+    first label: what ``logits_to_keep`` needs for the shifted loss (right-padded batches).
+    Skipping the prompt's logits spares most of a large vocabulary's output layer."""
+    labelled = labels != IGNORE_INDEX
+    if not bool(labelled.any()):
+        return labels.shape[1]
+    first = int(labelled.float().argmax(dim=1)[labelled.any(dim=1)].min())
+    return labels.shape[1] - max(first - 1, 0)
+
+
 def batches(
     features: list[Features], batch_size: int, seed: int, skip: int = 0
 ) -> Iterator[list[Features]]:
@@ -135,7 +146,9 @@ class StepLoop:
         start = time.perf_counter() - done.seconds
         with self._bar(label, plan.steps, done.step) as advance:
             for step in range(done.step, plan.steps):
-                sctx = StepContext(task=self.ctx, step=step, total_steps=plan.steps)
+                sctx = StepContext(
+                    task=self.ctx, step=step, total_steps=plan.steps, autocast=plan.autocast
+                )
                 try:
                     loss, terms, tokens = self._step(stream, plan, optimizer, sctx, loss_fn)
                 except NonFiniteError as err:
@@ -237,15 +250,22 @@ class StepLoop:
     def _loss(
         self, batch: Batch, sctx: StepContext, loss_fn: LossFn | None
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        outputs = self.model(
-            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False
-        )
+        window = {"logits_to_keep": completion_window(batch["labels"])}
+        with torch.autocast(self.ctx.device.type, torch.bfloat16, enabled=sctx.autocast):
+            outputs = self.model(
+                input_ids=batch["input_ids"],
+                attention_mask=batch["attention_mask"],
+                use_cache=False,
+                **(window if self._windowed(loss_fn) else {}),
+            )
         if loss_fn is not None:
             task_loss = loss_fn(batch, outputs, sctx)
         elif self.method.uses(Capability.REPLACE_LOSS):
             task_loss = self.method.task_loss(batch, outputs, sctx)
         else:
-            task_loss = causal_lm_loss(outputs.logits, batch["labels"])
+            task_loss = causal_lm_loss(
+                outputs.logits, batch["labels"][:, -outputs.logits.shape[1] :]
+            )
         terms = {"task": task_loss}
         if self.method.uses(Capability.LOSS_TERMS):
             extra = self.method.loss_terms(batch, outputs, sctx)
@@ -264,6 +284,11 @@ class StepLoop:
         parts = list(terms.values())
         total = parts[0] if len(parts) == 1 else torch.stack([t.reshape(()) for t in parts]).sum()
         return total, values
+
+    def _windowed(self, loss_fn: LossFn | None) -> bool:
+        """Whether nothing but the default loss reads the logits (see ``Method.window_ok``)."""
+        reads = self.method.uses(Capability.REPLACE_LOSS) or self.method.uses(Capability.LOSS_TERMS)
+        return loss_fn is None and (not reads or self.method.window_ok)
 
     def _trainable(self) -> list[nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]

@@ -40,16 +40,24 @@ def _left_pad(
     return ids.to(device), mask.to(device)
 
 
-@torch.no_grad()
 def generate_completions(
     model: nn.Module, tokenizer: Any, examples: list[Example], max_new_tokens: int, batch_size: int
 ) -> list[str]:
     """Greedy completions, batched with left padding; decoding stops at EOS."""
+    ids = generate_token_ids(model, tokenizer, examples, max_new_tokens, batch_size)
+    return list(tokenizer.batch_decode(ids, skip_special_tokens=True))
+
+
+@torch.no_grad()
+def generate_token_ids(
+    model: nn.Module, tokenizer: Any, examples: list[Example], max_new_tokens: int, batch_size: int
+) -> list[list[int]]:
+    """The new token ids of greedy generations (special tokens kept), batched with left padding."""
     device = next(model.parameters()).device
     pad_id = (
         tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     )
-    outputs: list[str] = []
+    outputs: list[list[int]] = []
     for start in range(0, len(examples), batch_size):
         chunk = [encode_prompt(tokenizer, e) for e in examples[start : start + batch_size]]
         ids, mask = _left_pad(chunk, pad_id, device)
@@ -61,8 +69,7 @@ def generate_completions(
             pad_token_id=pad_id,
             eos_token_id=tokenizer.eos_token_id,
         )
-        new_tokens = generated[:, ids.shape[1] :]
-        outputs.extend(tokenizer.batch_decode(new_tokens, skip_special_tokens=True))
+        outputs.extend(generated[:, ids.shape[1] :].tolist())
     return outputs
 
 

@@ -15,6 +15,7 @@ logged with a count and the first offender.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import re
 from collections.abc import Callable, Sequence
@@ -26,7 +27,9 @@ import torch
 from torch import nn
 
 from forgetless.config.evaluation import (
+    AliasScorer,
     ContainsScorer,
+    EndsTurnScorer,
     ExactMatchScorer,
     MultipleChoiceScorer,
     NumericScorer,
@@ -35,7 +38,12 @@ from forgetless.config.evaluation import (
     StartsWithScorer,
 )
 from forgetless.errors import DataError
-from forgetless.eval.generation import EvalResult, evaluate_task, generate_completions
+from forgetless.eval.generation import (
+    EvalResult,
+    evaluate_task,
+    generate_completions,
+    generate_token_ids,
+)
 from forgetless.tasks.base import Example, Task
 from forgetless.tasks.formatting import encode_prompt
 
@@ -169,6 +177,50 @@ class GenerationCheck:
         )
 
 
+def alias_verdict(prediction: str, example: Example) -> bool:
+    """Whether the reference or an alias appears in ``prediction`` as whole words (any case)."""
+    text = prediction.lower()
+    for answer in (example.completion.lower().strip(), *example.aliases):
+        if answer and re.search(rf"(?<![\w]){re.escape(answer)}(?![\w])", text):
+            return True
+    return False
+
+
+@dataclass(frozen=True)
+class AliasMatch:
+    """Greedy generation checked against the reference and the example's aliases."""
+
+    def score(self, model: nn.Module, tokenizer: Any, task: Task, batch_size: int) -> EvalResult:
+        predictions = _generate(model, tokenizer, task, batch_size)
+        correct = [alias_verdict(p, e) for p, e in zip(predictions, task.eval, strict=True)]
+        return EvalResult(task.name, sum(correct) / len(correct), correct, predictions)
+
+
+@dataclass(frozen=True)
+class EndsTurn:
+    """The share of greedy generations that end with the EOS token inside the budget."""
+
+    def score(self, model: nn.Module, tokenizer: Any, task: Task, batch_size: int) -> EvalResult:
+        was_training = model.training
+        model.eval()
+        try:
+            ids = generate_token_ids(model, tokenizer, task.eval, task.max_new_tokens, batch_size)
+        finally:
+            model.train(was_training)
+        correct = [tokenizer.eos_token_id in row for row in ids]
+        predictions = list(tokenizer.batch_decode(ids, skip_special_tokens=True))
+        return EvalResult(task.name, sum(correct) / len(correct), correct, predictions)
+
+
+def _generate(model: nn.Module, tokenizer: Any, task: Task, batch_size: int) -> list[str]:
+    was_training = model.training
+    model.eval()
+    try:
+        return generate_completions(model, tokenizer, task.eval, task.max_new_tokens, batch_size)
+    finally:
+        model.train(was_training)
+
+
 # --- multiple choice -----------------------------------------------------------------------------
 
 
@@ -187,42 +239,89 @@ def choice_loglikelihoods(
 
     The prompt is encoded as for training (chat template included) and the choice's tokens
     follow it directly, as the completion does in training; no end-of-sequence token is scored
-    (as in lm-eval). Sequences of (prompt, choice) pairs run ``batch_size`` at a time, right-
-    padded, so padding never precedes a scored token. An empty prompt is replaced by the EOS
-    token, as lm-eval does with its prefix token. Too-long pairs lose prompt tokens on the left.
+    (as in lm-eval). ``batch_size`` questions run at a time: their prompts once, left-padded,
+    keeping the key/value cache; then every choice continues its question's cache, and logits
+    are computed only where a choice token is predicted (a large vocabulary's output layer over
+    every prompt position would cost more than the model). An empty prompt is replaced by the
+    EOS token, as lm-eval does with its prefix token. Too-long pairs lose prompt tokens on the
+    left.
     """
-    device = next(model.parameters()).device
     limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-    pad_id = (
-        tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    )
-    pairs: list[tuple[int, list[int], list[int]]] = []
-    for index, ex in enumerate(examples):
+    items: list[tuple[list[int], list[list[int]]]] = []
+    for ex in examples:
         if ex.choices is None:
             raise DataError(f"multiple choice: the example {ex.prompt!r} has no choices")
         prompt = encode_prompt(tokenizer, ex) or [tokenizer.eos_token_id]
-        for text in ex.choices:
-            choice_ids = _choice_ids(tokenizer, text)
-            cut = max(0, len(prompt) + len(choice_ids) - limit) if limit is not None else 0
-            pairs.append((index, prompt[cut:], choice_ids))
-    scores: list[list[float]] = [[] for _ in examples]
-    for start in range(0, len(pairs), batch_size):
-        chunk = pairs[start : start + batch_size]
-        width = max(len(p) + len(c) for _, p, c in chunk)
-        ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
-        mask = torch.zeros((len(chunk), width), dtype=torch.long)
-        for row, (_, prompt, choice) in enumerate(chunk):
-            ids[row, : len(prompt) + len(choice)] = torch.tensor(prompt + choice)
-            mask[row, : len(prompt) + len(choice)] = 1
-        logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
-        logp = torch.log_softmax(logits.float(), dim=-1).cpu()
-        for row, (index, prompt, choice) in enumerate(chunk):
-            # logits at position t predict token t + 1: the choice's tokens sit at
-            # len(prompt) .. len(prompt) + len(choice) - 1.
-            positions = torch.arange(len(prompt) - 1, len(prompt) + len(choice) - 1)
-            picked = logp[row, positions, torch.tensor(choice)]
-            scores[index].append(float(picked.double().sum()))
+        choices = [_choice_ids(tokenizer, text) for text in ex.choices]
+        longest = max(len(c) for c in choices)
+        cut = max(0, len(prompt) + longest - limit) if limit is not None else 0
+        items.append((prompt[cut:], choices))
+    pad_id = (
+        tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    )
+    scores: list[list[float]] = []
+    for start in range(0, len(items), batch_size):
+        scores.extend(_score_choices(model, items[start : start + batch_size], pad_id))
     return scores
+
+
+def _score_choices(
+    model: nn.Module, items: list[tuple[list[int], list[list[int]]]], pad_id: int
+) -> list[list[float]]:
+    """One batch of questions: the prompts once, then each choice on its question's cache."""
+    device = next(model.parameters()).device
+    width = max(len(p) for p, _ in items)
+    ids = torch.full((len(items), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(items), width), dtype=torch.long)
+    for row, (prompt, _) in enumerate(items):
+        ids[row, width - len(prompt) :] = torch.tensor(prompt)
+        mask[row, width - len(prompt) :] = 1
+    ids, mask = ids.to(device), mask.to(device)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    out = model(
+        input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1
+    )
+    first = torch.log_softmax(out.logits[:, -1].float(), dim=-1).cpu()
+    cache = out.cache if getattr(out, "cache", None) is not None else out.past_key_values
+    pairs = [(row, choice) for row, (_, choices) in enumerate(items) for choice in choices]
+    totals = [float(first[row, choice[0]]) for row, choice in pairs]
+    rest = max(len(choice) for _, choice in pairs) - 1
+    if rest > 0:
+        for index, value in enumerate(_continuations(model, cache, mask, pairs, rest)):
+            totals[index] += value
+    scores: list[list[float]] = [[] for _ in items]
+    for (row, _), total in zip(pairs, totals, strict=True):
+        scores[row].append(total)
+    return scores
+
+
+def _continuations(
+    model: nn.Module, cache: Any, mask: torch.Tensor, pairs: list[tuple[int, list[int]]], rest: int
+) -> list[float]:
+    """Each choice's tokens after its first, scored on a copy of its question's cache."""
+    device = mask.device
+    rows = torch.tensor([row for row, _ in pairs], device=device)
+    cache.batch_select_indices(rows)
+    ids = torch.zeros((len(pairs), rest), dtype=torch.long)
+    cont_mask = torch.zeros((len(pairs), rest), dtype=torch.long)
+    for index, (_, choice) in enumerate(pairs):
+        ids[index, : len(choice) - 1] = torch.tensor(choice[:-1])
+        cont_mask[index, : len(choice) - 1] = 1
+    full_mask = torch.cat([mask[rows], cont_mask.to(device)], dim=1)
+    start = mask[rows].sum(-1, keepdim=True)
+    positions = start + torch.arange(rest, device=device)
+    logits = model(
+        input_ids=ids.to(device),
+        attention_mask=full_mask,
+        position_ids=positions,
+        use_cache=True,
+        **{_cache_keyword(model): cache},
+    ).logits
+    logp = torch.log_softmax(logits.float(), dim=-1).cpu()
+    return [
+        float(logp[index, torch.arange(len(choice) - 1), _long(choice[1:])].double().sum())
+        for index, (_, choice) in enumerate(pairs)
+    ]
 
 
 def _argmax(values: Sequence[float]) -> int:
@@ -279,6 +378,10 @@ def build_scorer(cfg: ScorerConfig | None) -> TaskScorer:
         return GenerationCheck("contains", contains_verdict)
     if isinstance(cfg, StartsWithScorer):
         return GenerationCheck("startswith", startswith_verdict)
+    if isinstance(cfg, AliasScorer):
+        return AliasMatch()
+    if isinstance(cfg, EndsTurnScorer):
+        return EndsTurn()
     raise TypeError(f"no scorer for {type(cfg).__name__}")
 
 
@@ -293,3 +396,15 @@ def chance_level(task: Task) -> float:
     if task.scoring is None or task.scoring.kind != "multiple_choice":
         return 0.0
     return sum(1 / len(e.choices or ()) for e in task.eval) / len(task.eval)
+
+
+def _cache_keyword(model: nn.Module) -> str:
+    """``cache`` where the model's forward takes it (transformers 5.x), else the older
+    ``past_key_values``."""
+    unwrap = getattr(model, "get_base_model", None)
+    base = unwrap() if callable(unwrap) else model
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+
+
+def _long(ids: list[int]) -> torch.Tensor:
+    return torch.tensor(ids, dtype=torch.long)

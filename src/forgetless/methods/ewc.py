@@ -110,6 +110,7 @@ class EWC(Method[EWCConfig]):
     config_cls = EWCConfig
     smoke: ClassVar[dict[str, Any]] = {"lam": 1e4, "fisher_samples": 8, "fisher_batch_size": 4}
     capabilities = frozenset({Capability.LOSS_TERMS, Capability.TASK_END, Capability.STATE})
+    window_ok = True  # its penalty reads the weights, never the logits
     reduce_ops: ClassVar[Mapping[str, ReduceOp]] = {"fisher": "mean"}
 
     def __init__(self, config: EWCConfig) -> None:

@@ -112,6 +112,7 @@ class OLoRA(Method[OLoRAConfig]):
     name = "o_lora"
     config_cls = OLoRAConfig
     capabilities = frozenset({Capability.TASK_START, Capability.LOSS_TERMS})
+    window_ok = True  # its penalty reads the adapters, never the logits
     lora_regimes = ("per_task",)
 
     def __init__(self, config: OLoRAConfig) -> None:

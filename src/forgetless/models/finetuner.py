@@ -43,6 +43,7 @@ class Finetuner:
             lora_alpha=lora.alpha,
             lora_dropout=lora.dropout,
             target_modules=list(lora.target_modules),
+            layers_to_transform=list(lora.layers) if lora.layers is not None else None,
             task_type="CAUSAL_LM",
         )
 

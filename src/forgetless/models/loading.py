@@ -17,14 +17,19 @@ from transformers.utils import logging as hf_logging
 from forgetless.config.schema import ModelConfig
 from forgetless.core.dtypes import DTYPES
 from forgetless.errors import ModelLoadError
+from forgetless.models.gguf import converted_model_dir
 
 
 def _looks_local(name: str) -> bool:
     return name.startswith(("/", "./", "../", "~")) or Path(name).expanduser().exists()
 
 
-def resolve_source(name: str) -> str:
-    """A local folder (which must exist and hold a config) or a hub id, left as it is."""
+def resolve_source(name: str, announce: Any = None) -> str:
+    """A local folder (which must exist and hold a config), the cached conversion of a packaged
+    model or a ``.gguf`` file (``forgetless.models.gguf``), or a hub id, left as it is."""
+    converted = converted_model_dir(name, announce)
+    if converted is not None:
+        return str(converted)
     if not _looks_local(name):
         return name
     path = Path(name).expanduser()

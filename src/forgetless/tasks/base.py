@@ -33,6 +33,8 @@ class Example:
     messages: tuple[Message, ...] | None = None
     choices: tuple[str, ...] | None = None
     label: int | None = None
+    aliases: tuple[str, ...] = ()
+    """Other answers accepted by the ``aliases`` scorer (lowercase), beside ``completion``."""
 
     def __post_init__(self) -> None:
         if self.choices is None:

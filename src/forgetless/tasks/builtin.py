@@ -34,6 +34,8 @@ from forgetless.config.evaluation import (
     ScorerConfig,
 )
 from forgetless.tasks.base import Example, Task
+from forgetless.tasks.general import GENERAL_PROBES, build_general_probe
+from forgetless.tasks.instruct import INSTRUCT_TASKS
 
 LETTERS = string.ascii_lowercase
 
@@ -314,26 +316,45 @@ def _facts_splits(
     return train[:n_train], eval_
 
 
+def known_task_names() -> list[str]:
+    """Every built-in name: the tiny suite, then the real track's instruct tasks and probes."""
+    return [*BUILTIN_TASKS, *INSTRUCT_TASKS, *GENERAL_PROBES]
+
+
+def _splits(
+    generate: Callable[[random.Random], Example], n_train: int, n_eval: int, rng: random.Random
+) -> tuple[list[Example], list[Example]]:
+    pool = _sample_unique(generate, n_train + n_eval, rng)
+    total = n_train + n_eval
+    k = n_eval if len(pool) == total else max(1, len(pool) * n_eval // total)
+    return pool[k:], pool[:k]
+
+
 def build_builtin_task(name: str, n_train: int, n_eval: int, seed: int) -> Task:
     """Build a built-in task; deterministic in ``(name, n_train, n_eval, seed)``.
 
     Eval is drawn first, so it depends only on ``(name, n_eval, seed)``. Where the example space
     is too small the splits are capped (eval keeps its share in proportion).
     """
-    if name not in BUILTIN_TASKS:
-        raise KeyError(f"unknown built-in task {name!r}; known: {', '.join(BUILTIN_TASKS)}")
+    if name not in known_task_names():
+        raise KeyError(f"unknown built-in task {name!r}; known: {', '.join(known_task_names())}")
     if n_train < 0 or n_eval < 1:
         raise ValueError(f"need n_train >= 0 and n_eval >= 1, got {n_train}, {n_eval}")
-    spec = BUILTIN_TASKS[name]
+    if name in GENERAL_PROBES:
+        return build_general_probe(name, n_eval, seed)
     # A str seed is hashed with SHA-512 by `random` (stable across processes, unlike hash()).
     rng = random.Random(f"forgetless/{name}/{seed}")
+    if name in INSTRUCT_TASKS:
+        it = INSTRUCT_TASKS[name]
+        train, eval_ = _splits(it.generate, n_train, n_eval, rng)
+        return Task(
+            name, train, eval_, it.description, max_new_tokens=it.max_new_tokens, scoring=it.scoring
+        )
+    spec = BUILTIN_TASKS[name]
     if name == "facts":
         train, eval_ = _facts_splits(n_train, n_eval, rng)
     else:
-        pool = _sample_unique(spec.generate, n_train + n_eval, rng)
-        total = n_train + n_eval
-        k = n_eval if len(pool) == total else max(1, len(pool) * n_eval // total)
-        eval_, train = pool[:k], pool[k:]
+        train, eval_ = _splits(spec.generate, n_train, n_eval, rng)
     return Task(
         name=name,
         train=train,

@@ -11,7 +11,7 @@ from typing import Any
 from forgetless.config.schema import EvalConfig, HFSource, JsonlSource, TaskConfig
 from forgetless.errors import DataError
 from forgetless.tasks.base import Example, Task
-from forgetless.tasks.builtin import BUILTIN_TASKS, build_builtin_task
+from forgetless.tasks.builtin import build_builtin_task, known_task_names
 
 ROLES = {"system", "user", "assistant"}
 
@@ -180,8 +180,8 @@ def build_task(cfg: TaskConfig, eval_cfg: EvalConfig, seed: int) -> Task:
     n_eval = cfg.n_eval or eval_cfg.n_eval
     n_train = cfg.n_train or eval_cfg.n_train
     if cfg.builtin is not None:
-        if cfg.builtin not in BUILTIN_TASKS:
-            known = ", ".join(BUILTIN_TASKS)
+        if cfg.builtin not in known_task_names():
+            known = ", ".join(known_task_names())
             raise DataError(f"unknown built-in task {cfg.builtin!r}; known: {known}")
         task = build_builtin_task(cfg.builtin, n_train=n_train, n_eval=n_eval, seed=seed)
         train, evals, desc, budget = task.train, task.eval, task.description, task.max_new_tokens

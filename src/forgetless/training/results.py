@@ -31,6 +31,8 @@ class Results:
     probe_chance: list[float] = field(default_factory=list)
     loglik: list[list[float | None]] = field(default_factory=list)
     probe_loglik: list[list[float | None]] = field(default_factory=list)
+    prose: list[dict[str, float]] = field(default_factory=list)
+    """Per row: perplexity and KL(base || model) on the held-out prose (``eval.prose``)."""
 
     @property
     def completed_tasks(self) -> int:
@@ -58,6 +60,12 @@ class Results:
                 for p in detail
                 if p.retention is None
             ]
+        if self.prose:
+            out["prose"] = {
+                "base_perplexity": self.prose[0]["perplexity"],
+                "perplexity": self.prose[-1]["perplexity"],
+                "kl_base_to_model": self.prose[-1]["kl_base_to_model"],
+            }
         out["kl_drift"] = {
             "base_to_model": self.kl_base_to_model[-1],
             "model_to_base": self.kl_model_to_base[-1],
@@ -85,6 +93,7 @@ class Results:
             "probe_chance": self.probe_chance,
             "loglik": self.loglik,
             "probe_loglik": self.probe_loglik,
+            "prose": self.prose,
         }
 
     def write(self, out_dir: Path) -> None:
@@ -112,6 +121,7 @@ class Results:
             probe_chance=data.get("probe_chance", []),
             loglik=data.get("loglik", []),
             probe_loglik=data.get("probe_loglik", []),
+            prose=data.get("prose", []),
         )
 
 

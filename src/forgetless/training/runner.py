@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import random
 import shutil
@@ -43,12 +44,15 @@ from forgetless.engine.tracking import Tracker
 from forgetless.errors import ConfigError
 from forgetless.eval.generation import EvalResult, completion_logprobs, gold_loglik, kl_drift
 from forgetless.eval.lm_eval_probe import run_lm_eval_probe
+from forgetless.eval.prose import ProseBase, encode_prose, prose_base, prose_row
 from forgetless.eval.scorers import chance_level, score_task
 from forgetless.models.finetuner import Finetuner
 from forgetless.models.loading import load_model, load_model_and_tokenizer, resolve_source
 from forgetless.tasks.base import Task
 from forgetless.tasks.formatting import Features, encode_training_set, unknown_token_examples
+from forgetless.tasks.general import prose_paragraphs
 from forgetless.tasks.loaders import build_task
+from forgetless.training.base_row import base_row_path, load_base_row, store_base_row
 from forgetless.training.outdir import OutDirLock
 from forgetless.training.pretrain import ensure_base_model
 from forgetless.training.results import Results
@@ -143,12 +147,13 @@ class Runner:
         self.finetuner = Finetuner(model, cfg.finetune)  # checks LoRA targets before training
         self.encoded = self._encode_remaining(results)
         self.base_logprobs = self._probe_logprobs(model) if cfg.eval.kl_drift and probes else None
+        self.prose = self._prose_base(model) if cfg.eval.prose else None
         if results.completed_tasks:
             self._restore(results.completed_tasks)
         try:
             with Progress(self.console, enabled=self.progress) as self.bars:
                 if not results.accuracy:
-                    self._record_row(results, self.finetuner.model)
+                    self._base_row(results)
                     results.write(self.out_dir)
                 for index in range(results.completed_tasks + 1, len(tasks) + 1):
                     self._run_task(index, results)
@@ -156,6 +161,17 @@ class Runner:
         finally:
             self.tracker.finish()
         return results
+
+    def _base_row(self, results: Results) -> None:
+        """Row 0: from the cache when ``eval.cache_base_row`` holds it, else evaluated (and
+        stored there)."""
+        path = base_row_path(self.cfg, self.source)
+        if path is not None and load_base_row(path, results):
+            self.console.print(f"base row read from {path}")
+            return
+        self._record_row(results, self.finetuner.model)
+        if path is not None and distributed.is_main_process():
+            store_base_row(path, results)
 
     def _prepare_out_dir(self, tasks: list[Task], stored: Results | None) -> Results:
         """Write the config, and the results to go on from (``stored``, or a fresh start)."""
@@ -245,12 +261,20 @@ class Runner:
             completion_logprobs(model, self.tokenizer, p.eval[:n], max_len) for p in self.probes
         ]
 
-    def _evaluate(self, model: nn.Module) -> dict[str, EvalResult]:
+    def _prose_base(self, model: nn.Module) -> tuple[list[torch.Tensor], ProseBase]:
+        e = self.cfg.eval
+        paragraphs = prose_paragraphs()[: e.prose_paragraphs]
+        chunks = encode_prose(self.tokenizer, paragraphs, e.prose_max_tokens)
+        with self.console.status("measuring the base on the prose"):
+            return chunks, prose_base(model, chunks, e.prose_kl_paragraphs)
+
+    def _evaluate(self, model: nn.Module, cap: int | None) -> dict[str, EvalResult]:
         everything = [*self.tasks, *self.probes]
         out = {}
         with self.bars.task("evaluate", len(everything)) as advance:
             for task in everything:
-                out[task.name] = score_task(model, self.tokenizer, task, self.cfg.eval.batch_size)
+                shown = task if cap is None else dataclasses.replace(task, eval=task.eval[:cap])
+                out[task.name] = score_task(model, self.tokenizer, shown, self.cfg.eval.batch_size)
                 advance(None)
         return out
 
@@ -263,7 +287,10 @@ class Runner:
         return scores
 
     def _record_row(self, results: Results, model: nn.Module) -> dict[str, EvalResult]:
-        evals = self._evaluate(model)
+        """Evaluate ``model`` into a new row, in float32 even under ``train.autocast``: on CPU,
+        bf16 autocast made greedy decoding 3x and choice scoring 5x slower (docs/performance.md)."""
+        between = 0 < len(results.accuracy) < len(self.tasks)  # neither the base nor the last
+        evals = self._evaluate(model, self.cfg.eval.between if between else None)
         results.accuracy.append([evals[t.name].accuracy for t in self.tasks])
         scores = {p.name: evals[p.name].accuracy for p in self.probes}
         scores.update(self._lm_eval_scores(model))
@@ -277,6 +304,10 @@ class Runner:
             drift = (float(np.mean([p[0] for p in pairs])), float(np.mean([p[1] for p in pairs])))
         results.kl_base_to_model.append(drift[0])
         results.kl_model_to_base.append(drift[1])
+        if self.prose is not None:
+            chunks, base = self.prose
+            first = not results.prose  # the base itself: measured once already
+            results.prose.append(base.as_row() if first else prose_row(model, chunks, base))
         return evals
 
     def _probe_chance(self) -> list[float]:
@@ -318,6 +349,7 @@ class Runner:
             scheduler=t.scheduler,
             max_grad_norm=t.max_grad_norm,
             on_nonfinite=t.on_nonfinite,
+            autocast=t.autocast == "bf16",
         )
 
     def _context(self, index: int, features: list[Features]) -> TaskContext:

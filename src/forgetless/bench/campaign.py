@@ -1,0 +1,114 @@
+"""Bench campaigns: a bench too long for one sitting, kept run by run in a folder (committed).
+
+Each finished run leaves ``<folder>/<device>/<variant>/<run>.json``: its resolved config and the
+config's key, the run's summary and raw ``results.json``, the commit and the machine. A bench
+given the same folder skips every run whose record holds the same config key, so a campaign
+resumes on a fresh clone; a record whose config differs is run again and replaced. Records of a
+GPU machine sit apart from the CPU ones (``device``), so their figures never mix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import subprocess
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from forgetless.config.schema import RunConfig
+from forgetless.core.storage import atomic_write_json
+
+RECORD_VERSION = 1
+
+
+def config_key(cfg: RunConfig) -> str:
+    """What a run's figures depend on: its whole resolved config (not its output folder)."""
+    text = json.dumps(cfg.model_dump(mode="json"), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def device_kind() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def record_path(folder: Path, variant_folder: str, run_folder: str) -> Path:
+    return folder / device_kind() / variant_folder / f"{run_folder}.json"
+
+
+def load_record(path: Path, key: str) -> dict[str, Any] | None:
+    """The kept record when it exists and was made under the config ``key``; else None."""
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    if not isinstance(record, dict) or record.get("config_key") != key:
+        return None
+    summary = record.get("summary")
+    return record if isinstance(summary, dict) else None
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _git(*args: str) -> str | None:
+    try:
+        done = subprocess.run(["git", *args], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def provenance() -> dict[str, Any]:
+    """The commit (and whether tracked files had changes) and the machine a run ran on."""
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    return {
+        "commit": _git("rev-parse", "HEAD"),
+        "uncommitted_changes": bool(status) if status is not None else None,
+        "machine": {
+            "device": device_kind(),
+            "cpu": cpu_name(),
+            "cores": os.cpu_count(),
+            "threads": torch.get_num_threads(),
+            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+        },
+        "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def save_record(
+    path: Path, cfg: RunConfig, summary: dict[str, Any], results: dict[str, Any]
+) -> None:
+    record = {
+        "record_version": RECORD_VERSION,
+        "config_key": config_key(cfg),
+        "config": cfg.model_dump(mode="json"),
+        "summary": summary,
+        "results": results,
+        **provenance(),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, record)
+
+
+def kept_summaries(folder: Path, device: str = "cpu") -> list[dict[str, Any]]:
+    """Every kept run's summary under ``folder/device`` (for tables that render what exists)."""
+    return [
+        json.loads(p.read_text(encoding="utf-8"))["summary"]
+        for p in sorted((folder / device).glob("*/*.json"))
+    ]
