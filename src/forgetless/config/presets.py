@@ -54,6 +54,7 @@ def smollm2_config_dict() -> dict[str, Any]:
             "kl_examples": 16,
             "loglik_examples": 16,
             "prose": True,
+            "prose_paragraphs": 32,
             "cache_base_row": True,
         },
         "tasks": list(SMOLLM2_SEQUENCE),

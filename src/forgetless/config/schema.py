@@ -261,8 +261,9 @@ class EvalConfig(Strict):
         None,
         ge=1,
         description="Eval examples per task and probe in the rows after every task but the last "
-        "(the base row and the final row use n_eval): small evaluations between tasks, the full "
-        "one at the end. Null: n_eval everywhere.",
+        "(the base row and the final row use n_eval; the prose there is only its KL "
+        "paragraphs): small evaluations between tasks, the full one at the end. Null: n_eval "
+        "everywhere.",
     )
     cache_base_row: bool = Field(
         False,

@@ -33,6 +33,8 @@ class Results:
     probe_loglik: list[list[float | None]] = field(default_factory=list)
     prose: list[dict[str, float]] = field(default_factory=list)
     """Per row: perplexity and KL(base || model) on the held-out prose (``eval.prose``)."""
+    eval_seconds: list[float] = field(default_factory=list)
+    """Per row: the wall time of its evaluation (a cached base row: the time to read it)."""
 
     @property
     def completed_tasks(self) -> int:
@@ -94,6 +96,7 @@ class Results:
             "loglik": self.loglik,
             "probe_loglik": self.probe_loglik,
             "prose": self.prose,
+            "eval_seconds": self.eval_seconds,
         }
 
     def write(self, out_dir: Path) -> None:
@@ -122,6 +125,7 @@ class Results:
             loglik=data.get("loglik", []),
             probe_loglik=data.get("probe_loglik", []),
             prose=data.get("prose", []),
+            eval_seconds=data.get("eval_seconds", []),
         )
 
 

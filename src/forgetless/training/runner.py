@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import random
 import shutil
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -166,7 +167,9 @@ class Runner:
         """Row 0: from the cache when ``eval.cache_base_row`` holds it, else evaluated (and
         stored there)."""
         path = base_row_path(self.cfg, self.source)
+        start = time.perf_counter()
         if path is not None and load_base_row(path, results):
+            results.eval_seconds.append(round(time.perf_counter() - start, 2))
             self.console.print(f"base row read from {path}")
             return
         self._record_row(results, self.finetuner.model)
@@ -289,6 +292,7 @@ class Runner:
     def _record_row(self, results: Results, model: nn.Module) -> dict[str, EvalResult]:
         """Evaluate ``model`` into a new row, in float32 even under ``train.autocast``: on CPU,
         bf16 autocast made greedy decoding 3x and choice scoring 5x slower (docs/performance.md)."""
+        start = time.perf_counter()
         between = 0 < len(results.accuracy) < len(self.tasks)  # neither the base nor the last
         evals = self._evaluate(model, self.cfg.eval.between if between else None)
         results.accuracy.append([evals[t.name].accuracy for t in self.tasks])
@@ -307,7 +311,9 @@ class Runner:
         if self.prose is not None:
             chunks, base = self.prose
             first = not results.prose  # the base itself: measured once already
-            results.prose.append(base.as_row() if first else prose_row(model, chunks, base))
+            shown = chunks[: self.cfg.eval.prose_kl_paragraphs] if between else chunks
+            results.prose.append(base.as_row() if first else prose_row(model, shown, base))
+        results.eval_seconds.append(round(time.perf_counter() - start, 2))
         return evals
 
     def _probe_chance(self) -> list[float]:
