@@ -30,7 +30,10 @@ from typing import Any
 
 import yaml
 
+from forgetless.bench.campaign import config_key, load_record
 from forgetless.bench.stats import mean_interval
+from forgetless.bench.sweep import plan_runs
+from forgetless.bench.variants import pop_bench_section
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -120,21 +123,28 @@ def render(bench: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _planned(config: str) -> tuple[list[str], list[int]]:
+def _kept_runs(config: str) -> tuple[list[str], list[int], dict[tuple[str, int], Any], list[str]]:
+    """The campaign's planned variants and seeds, the kept summaries whose config key is the
+    one the config plans now (what ``bench --campaign`` would skip), and the stale records."""
     data = yaml.safe_load((CONFIGS / config).read_text(encoding="utf-8"))
-    section = data.get("bench", {})
-    first = section.get("first_seed", 0)
-    return [v["name"] for v in section["variants"]], list(range(first, first + section["seeds"]))
+    section = pop_bench_section(data, config)
+    planned = plan_runs(data, section.variants, section.seeds, 1, Path("."), section.first_seed)
+    folder = RESULTS / Path(config).stem
+    runs, stale = {}, []
+    for variant, run_folder, cfg in planned:
+        path = folder / "cpu" / run_folder.parent.name / f"{run_folder.name}.json"
+        record = load_record(path, config_key(cfg))
+        if record is not None:
+            runs[(variant.name, cfg.seed)] = record["summary"]
+        elif path.is_file():
+            stale.append(f"{variant.name} s{cfg.seed}")
+    seeds = list(range(section.first_seed, section.first_seed + section.seeds))
+    return [v.name for v in section.variants], seeds, runs, stale
 
 
 def render_campaign(config: str) -> str:
     """The kept runs of a campaign as a table, then the planned runs not kept yet."""
-    variants, seeds = _planned(config)
-    folder = RESULTS / Path(config).stem / "cpu"
-    runs: dict[tuple[str, int], dict[str, Any]] = {}
-    for path in sorted(folder.glob("*/*.json")):
-        summary = json.loads(path.read_text(encoding="utf-8"))["summary"]
-        runs[(summary["variant"], summary["seed"])] = summary
+    variants, seeds, runs, stale = _kept_runs(config)
     headers = ["variant", "runs", *(label for _, label in CAMPAIGN_COLUMNS), "time vs seq_ft"]
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     base_time = [r["train_seconds"] for (v, _), r in runs.items() if v == "seq_ft"]
@@ -154,7 +164,11 @@ def render_campaign(config: str) -> str:
     note = f"\nStill missing ({len(missing)} of {len(variants) * len(seeds)} runs): " + (
         ", ".join(missing) if missing else "none"
     )
-    return "\n".join(lines) + "\n" + note + "\n"
+    if stale:
+        note += (
+            f". Kept under an older config (left out, re-run by the campaign): {', '.join(stale)}"
+        )
+    return "\n".join(lines) + "\n" + note + ".\n"
 
 
 def render_tasks(name: str) -> str:

@@ -13,7 +13,6 @@ import hashlib
 import json
 import os
 import platform
-import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -64,20 +63,37 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def _git(*args: str) -> str | None:
+def git_commit(start: Path | None = None) -> str | None:
+    """The checked-out commit of the git work tree holding ``start`` (default: the current
+    folder), read from ``.git`` itself (no subprocess); None outside one."""
+    here = (start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        git = folder / ".git"
+        if git.is_dir():
+            return _resolve_head(git)
+    return None
+
+
+def _resolve_head(git: Path) -> str | None:
     try:
-        done = subprocess.run(["git", *args], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout.strip() if done.returncode == 0 else None
+        head = (git / "HEAD").read_text(encoding="utf-8").strip()
+        if not head.startswith("ref: "):
+            return head
+        ref = head[5:]
+        if (git / ref).is_file():
+            return (git / ref).read_text(encoding="utf-8").strip()
+        for line in (git / "packed-refs").read_text(encoding="utf-8").splitlines():
+            if line.endswith(" " + ref):
+                return line.split()[0]
+    except OSError:
+        pass
+    return None
 
 
 def provenance() -> dict[str, Any]:
-    """The commit (and whether tracked files had changes) and the machine a run ran on."""
-    status = _git("status", "--porcelain", "--untracked-files=no")
+    """The commit checked out and the machine a run ran on."""
     return {
-        "commit": _git("rev-parse", "HEAD"),
-        "uncommitted_changes": bool(status) if status is not None else None,
+        "commit": git_commit(),
         "machine": {
             "device": device_kind(),
             "cpu": cpu_name(),
