@@ -139,7 +139,7 @@ class Runner:
                 )
             )
         )
-        self.source = resolve_source(source or cfg.model.name_or_path or "")
+        self.source = resolve_source(source or cfg.model.name_or_path or "", self.console.print)
         model, self.tokenizer = load_model_and_tokenizer(cfg.model, self.source)
         model.to(self.device)  # type: ignore[arg-type]
         results = self._prepare_out_dir(tasks, stored)
