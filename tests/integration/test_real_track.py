@@ -171,3 +171,39 @@ def test_ends_turn_is_the_share_that_stops_inside_the_budget() -> None:
     model = _Scripted([[5, 9, 0], [5, 6, 7]])
     result = EndsTurn().score(model, _Tokenizer(), task, batch_size=8)
     assert result.accuracy == 0.5 and result.correct == [True, False]
+
+
+def test_base_row_is_evaluated_once_and_read_after(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from conftest import tiny_run_config
+
+    from forgetless.training import runner as runner_module
+
+    monkeypatch.setenv("FORGETLESS_CACHE", str(tmp_path / "cache"))
+    raw = tiny_run_config(tiny_model_dir, tasks=["reverse", "cipher", "sort"])
+    raw["eval"].update(cache_base_row=True, between=1)
+    first = Runner(validate_config(raw), tmp_path / "a", Console(quiet=True), progress=False)
+    one = first.run().to_json()
+    assert len(list((tmp_path / "cache" / "base-rows").glob("*.json"))) == 1
+    assert all(a in (0.0, 1.0) for a in one["accuracy_matrix"][1])  # 1 example between tasks
+
+    evaluated: list[int] = []
+    original = runner_module.Runner._record_row
+
+    def counting(self: Runner, results: Any, model: Any) -> Any:
+        evaluated.append(len(results.accuracy))
+        return original(self, results, model)
+
+    monkeypatch.setattr(runner_module.Runner, "_record_row", counting)
+    two = Runner(validate_config(raw), tmp_path / "b", Console(quiet=True), progress=False)
+    again = two.run().to_json()
+    assert evaluated == [1, 2, 3]  # every row but the base
+    for key in ("accuracy_matrix", "probe_accuracy", "loglik", "probe_loglik"):
+        assert again[key][0] == one[key][0], key
+    assert again["probe_chance"] == one["probe_chance"]
+
+    raw["probes"] = ["upper"]  # another probe: another key, evaluated afresh
+    evaluated.clear()
+    Runner(validate_config(raw), tmp_path / "c", Console(quiet=True), progress=False).run()
+    assert evaluated == [0, 1, 2, 3]
