@@ -120,11 +120,3 @@ def save_record(
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, record)
-
-
-def kept_summaries(folder: Path, device: str = "cpu") -> list[dict[str, Any]]:
-    """Every kept run's summary under ``folder/device`` (for tables that render what exists)."""
-    return [
-        json.loads(p.read_text(encoding="utf-8"))["summary"]
-        for p in sorted((folder / device).glob("*/*.json"))
-    ]

@@ -18,7 +18,8 @@ from __future__ import annotations
 import inspect
 import logging
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any, Protocol
@@ -191,7 +192,10 @@ class AliasMatch:
     """Greedy generation checked against the reference and the example's aliases."""
 
     def score(self, model: nn.Module, tokenizer: Any, task: Task, batch_size: int) -> EvalResult:
-        predictions = _generate(model, tokenizer, task, batch_size)
+        with _eval_mode(model):
+            predictions = generate_completions(
+                model, tokenizer, task.eval, task.max_new_tokens, batch_size
+            )
         correct = [alias_verdict(p, e) for p, e in zip(predictions, task.eval, strict=True)]
         return EvalResult(task.name, sum(correct) / len(correct), correct, predictions)
 
@@ -201,22 +205,20 @@ class EndsTurn:
     """The share of greedy generations that end with the EOS token inside the budget."""
 
     def score(self, model: nn.Module, tokenizer: Any, task: Task, batch_size: int) -> EvalResult:
-        was_training = model.training
-        model.eval()
-        try:
+        with _eval_mode(model):
             ids = generate_token_ids(model, tokenizer, task.eval, task.max_new_tokens, batch_size)
-        finally:
-            model.train(was_training)
         correct = [tokenizer.eos_token_id in row for row in ids]
         predictions = list(tokenizer.batch_decode(ids, skip_special_tokens=True))
         return EvalResult(task.name, sum(correct) / len(correct), correct, predictions)
 
 
-def _generate(model: nn.Module, tokenizer: Any, task: Task, batch_size: int) -> list[str]:
+@contextmanager
+def _eval_mode(model: nn.Module) -> Iterator[None]:
+    """The model in eval mode inside the block, back in its own mode after."""
     was_training = model.training
     model.eval()
     try:
-        return generate_completions(model, tokenizer, task.eval, task.max_new_tokens, batch_size)
+        yield
     finally:
         model.train(was_training)
 
