@@ -31,7 +31,7 @@ from typing import Any
 import yaml
 
 from forgetless.bench.campaign import config_key, load_record
-from forgetless.bench.stats import mean_interval
+from forgetless.bench.stats import mean_interval, paired_verdict
 from forgetless.bench.sweep import plan_runs
 from forgetless.bench.variants import pop_bench_section
 
@@ -142,10 +142,63 @@ def _kept_runs(config: str) -> tuple[list[str], list[int], dict[tuple[str, int],
     return [v.name for v in section.variants], seeds, runs, stale
 
 
+PRIMARY = "probe:gk-mc"
+"""The primary retention probe: the question set's multiple-choice form, above chance."""
+RETENTION_WINDOW = (0.1, 0.9)
+"""Where seq_ft's primary retention must fall for the scale to tell methods apart."""
+
+
+def _paired(runs: dict[tuple[str, int], Any], name: str, seeds: list[int], key: str) -> list[float]:
+    """Per-seed differences of ``key`` between variant ``name`` and ``seq_ft``."""
+    return [
+        a - b
+        for s in seeds
+        if (name, s) in runs
+        and ("seq_ft", s) in runs
+        and (a := _metric(runs[(name, s)], key)) is not None
+        and (b := _metric(runs[("seq_ft", s)], key)) is not None
+    ]
+
+
+def _campaign_verdicts(variants: list[str], seeds: list[int], runs: dict[Any, Any]) -> str:
+    """seq_ft's primary retention against the window, and each method's paired difference."""
+    base = [
+        v
+        for s in seeds
+        if ("seq_ft", s) in runs and (v := _metric(runs[("seq_ft", s)], PRIMARY)) is not None
+    ]
+    if not base:
+        return ""
+    found = mean_interval(base)
+    assert found is not None
+    low, high = RETENTION_WINDOW
+    inside = low <= found.low and found.high <= high
+    where = "inside" if inside else "not inside"
+    spread = (
+        "one seed: exploratory"
+        if found.n < 2
+        else f"{found.n} seeds; 95% interval [{found.low:.3f}, {found.high:.3f}], {where} the "
+        f"{low:.0%}–{high:.0%} window"
+    )
+    lines = [
+        f"\n`seq_ft` keeps {_fmt(*interval(base))} of the base's above-chance `gk-mc` score "
+        f"({spread})."
+    ]
+    for name in variants:
+        diffs = _paired(runs, name, seeds, PRIMARY)
+        if name == "seq_ft" or not diffs:
+            continue
+        verdict = paired_verdict(diffs, expected=1)
+        said = {"supported": "retains more", "refuted": "retains less"}.get(verdict, verdict)
+        lines.append(f"`{name}` against `seq_ft`, paired: {_fmt(*interval(diffs))} ({said}).")
+    return "\n".join(lines) + "\n"
+
+
 def render_campaign(config: str) -> str:
     """The kept runs of a campaign as a table, then the planned runs not kept yet."""
     variants, seeds, runs, stale = _kept_runs(config)
-    headers = ["variant", "runs", *(label for _, label in CAMPAIGN_COLUMNS), "time vs seq_ft"]
+    headers = ["variant", "runs", *(label for _, label in CAMPAIGN_COLUMNS)]
+    headers += ["gk-mc retention − seq_ft (paired)", "time vs seq_ft"]
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     base_time = [r["train_seconds"] for (v, _), r in runs.items() if v == "seq_ft"]
     for name in variants:
@@ -156,10 +209,13 @@ def render_campaign(config: str) -> str:
         for key, _ in CAMPAIGN_COLUMNS:
             values = [v for r in mine if (v := _metric(r, key)) is not None]
             cells.append(_fmt(*interval(values)) if values else "n/a")
+        diffs = _paired(runs, name, seeds, PRIMARY)
+        cells.append(_fmt(*interval(diffs)) if diffs and name != "seq_ft" else "–")
         time = sum(r["train_seconds"] for r in mine) / len(mine)
         ratio = time / (sum(base_time) / len(base_time)) if base_time else None
         cells.append(f"{ratio:.2f}" if ratio is not None else "n/a")
         lines.append("| " + " | ".join(cells) + " |")
+    lines.append(_campaign_verdicts(variants, seeds, runs).rstrip("\n"))
     missing = [f"{v} s{s}" for v in variants for s in seeds if (v, s) not in runs]
     note = f"\nStill missing ({len(missing)} of {len(variants) * len(seeds)} runs): " + (
         ", ".join(missing) if missing else "none"

@@ -79,3 +79,29 @@ def separated(a: Interval | None, b: Interval | None) -> bool:
     if a is None or b is None or a.n < 2 or b.n < 2:
         return False
     return a.high < b.low or b.high < a.low
+
+
+def paired_verdict(diffs: Sequence[float], expected: int = 1, untestable: bool = False) -> str:
+    """The house rule for a claim measured as per-seed paired differences (arm − control).
+
+    ``expected`` is the sign the claim predicts. "supported" or "refuted" only where the 95%
+    interval of the differences excludes zero (in the predicted direction, or against it);
+    "inconclusive" where it holds zero; "exploratory" on one seed; "not testable here" when the
+    test bed cannot show the effect (both arms at floor or ceiling, ``untestable``).
+    """
+    if untestable:
+        return "not testable here"
+    found = mean_interval(diffs)
+    if found is None:
+        return "not measured"
+    if found.n < 2:
+        return "exploratory"
+    if found.low > 0 or found.high < 0:
+        return "supported" if (found.low > 0) == (expected > 0) else "refuted"
+    return "inconclusive"
+
+
+def at_bound(*arms: Sequence[float], low: float = 0.0, high: float = 1.0) -> bool:
+    """True when every arm sits at the floor, or every arm at the ceiling, in every run."""
+    values = [v for arm in arms for v in arm]
+    return bool(values) and (all(v <= low for v in values) or all(v >= high for v in values))

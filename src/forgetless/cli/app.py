@@ -255,6 +255,24 @@ def report(folder: Annotated[Path, typer.Argument(help="A run or bench output fo
     console.print(f"wrote {md_path} and {html_path}")
 
 
+@app.command()
+def export(
+    run_dir: Annotated[Path, typer.Argument(help="A finished run folder.")],
+    out: Annotated[Path, typer.Argument(help="New model folder (must not exist).")],
+    task: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option(help="The model after this task (1-based; default: the last finished)."),
+    ] = None,
+) -> None:
+    """Save a run's model as a plain transformers folder: LoRA folded in, safetensors weights,
+    tokenizer and chat template (for `diagnose circuits`, transformers or mergekit)."""
+    from forgetless.training.export import export_model
+
+    record = export_model(run_dir, out, task)
+    folded = " (LoRA folded in)" if record["lora_folded_in"] else ""
+    console.print(f"model after task {record['after_task']} ({record['task']}){folded}: {out}")
+
+
 def _is_click_error(err: BaseException) -> bool:
     """typer vendors click, so its exceptions are matched by class name, not by import."""
     return any(c.__name__ == "ClickException" for c in type(err).__mro__)

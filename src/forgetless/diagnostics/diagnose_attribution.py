@@ -18,8 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
-from rich.console import Console
 from torch import nn
 
 from forgetless.attribution.importance import (
@@ -29,20 +27,18 @@ from forgetless.attribution.importance import (
     top_set,
 )
 from forgetless.attribution.relevance import relevance_session
-from forgetless.config.loading import validate_config
 from forgetless.config.schema import RunConfig
-from forgetless.core.rundir import RunDir
 from forgetless.core.storage import atomic_write_json
-from forgetless.errors import ForgetlessError
 from forgetless.tasks.base import Task
 from forgetless.tasks.formatting import collate, encode_example
+from forgetless.training.export import RunFolderError, checkpoint_model, load_run
 
 Maps = dict[str, torch.Tensor]
 _LAYER = re.compile(r"\.layers\.(\d+)\.")
 
 
-class AttributionRunError(ForgetlessError):
-    """A run folder that cannot be diagnosed."""
+AttributionRunError = RunFolderError
+"""A run folder that cannot be diagnosed (kept as a name for callers of this module)."""
 
 
 def layer_of(name: str) -> str:
@@ -68,36 +64,6 @@ def grouped_overlap(
         b = torch.cat([second[n].flatten().float() for n in members])
         out[label] = jaccard(top_set(a, fraction), top_set(b, fraction))
     return out
-
-
-def load_run(run_dir: Path) -> tuple[RunConfig, dict[str, Any]]:
-    config_path, results_path = RunDir(run_dir).config, RunDir(run_dir).results
-    for path in (config_path, results_path):
-        if not path.is_file():
-            raise AttributionRunError(f"{run_dir}: missing {path.name}")
-    cfg = validate_config(yaml.safe_load(config_path.read_text(encoding="utf-8")), str(config_path))
-    import json
-
-    return cfg, json.loads(results_path.read_text(encoding="utf-8"))
-
-
-def checkpoint_model(
-    cfg: RunConfig, run_dir: Path, task_names: list[str], upto: int
-) -> tuple[nn.Module, Any]:
-    """A fresh model with the run's state after task ``upto`` (1-based)."""
-    from forgetless.models.finetuner import Finetuner
-    from forgetless.models.loading import load_model_and_tokenizer
-    from forgetless.training.pretrain import ensure_base_model
-
-    source = cfg.model.name_or_path or str(ensure_base_model(cfg.model, Console(quiet=True)))
-    model, tokenizer = load_model_and_tokenizer(cfg.model, source)
-    finetuner = Finetuner(model, cfg.finetune)
-    ckpts = RunDir(run_dir).task_checkpoints(task_names[:upto])
-    missing = [c for c in ckpts if not c.is_dir()]
-    if missing:
-        raise AttributionRunError(f"{run_dir}: missing checkpoint {missing[0].name}")
-    finetuner.restore(ckpts)
-    return finetuner.model.eval(), tokenizer
 
 
 def task_map(

@@ -89,9 +89,9 @@ def behaviour_task(spec: str, n: int, seed: int) -> tuple[Task, list[str | None]
     """A built-in task by name, or a JSONL file; with each example's counterfactual prompt."""
     import json
 
-    from forgetless.tasks.builtin import BUILTIN_TASKS, build_builtin_task
+    from forgetless.tasks.builtin import build_builtin_task, known_task_names
 
-    if spec in BUILTIN_TASKS:
+    if spec in known_task_names():
         task = build_builtin_task(spec, 0, n, seed)
         rng = random.Random(seed)
         return task, [corrupt_prompt(e.prompt, rng) for e in task.eval]
