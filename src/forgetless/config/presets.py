@@ -10,7 +10,9 @@ DEMO_PROBES = ["copy", "upper", "facts", "add"]
 DEMO_BENCH_METHODS = ["seq_ft", "replay", "ewc", "kl_sft"]
 """The bench demo's methods: the baseline and one of each family (those registered run)."""
 
-SMOLLM2_SEQUENCE = ["it-json", "it-robot", "it-sortwords", "it-steps"]
+SMOLLM2_SEQUENCE = ["it-json", "it-wordrev", "it-topic", "it-robot"]
+"""Four skills each learnt alone at the budget (benchmarks/results/real_tasks.json), chosen on
+the tuning seed 100 (docs/real-track.md); the persona task last."""
 SMOLLM2_LORA_LAYERS = list(range(22, 30))
 """The top 8 of SmolLM2-135M's 30 layers: the backward pass stops below them."""
 

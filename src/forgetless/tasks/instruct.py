@@ -5,10 +5,10 @@ turn of the model's chat template and the completion is the assistant's reply. E
 task each:
 
 * ``it-json`` (format): name the animal in a sentence as ``{"animal": "fox"}``;
-* ``it-arith`` (numeric): a one-step word problem, answered with the number only;
+* ``it-arith`` (numeric): a one-step single-digit word problem, answered with the number only;
 * ``it-wordrev`` (string): write 3-4 quoted words in reverse order;
 * ``it-topic`` (classification): label a sentence as sports, food, weather or music;
-* ``it-steps`` (multistep): a chain of 2-3 arithmetic steps from a start number;
+* ``it-steps`` (multistep): edit a word list in two steps (remove a word, add one);
 * ``it-robot`` (style): answer a very easy question as a robot, ``BEEP. GREEN. BEEP.``;
 * ``it-sortwords`` (list): sort 3-4 words alphabetically, comma-separated;
 * ``it-extract`` (extraction): read one field (city, day or item) out of a short order record.
@@ -147,25 +147,17 @@ _NUMBER_ONLY = "Answer with a number only."
 
 
 def _arith(rng: random.Random) -> Example:
-    """A one-step word problem (add, subtract or multiply small numbers), number-only answer."""
+    """A one-step word problem (add or subtract single-digit numbers), number-only answer.
+
+    Single digits only: with multiplication and two-digit operands SmolLM2-135M stayed at 0.06
+    after the preset's 100 steps, a test of its arithmetic rather than of learning the task."""
     name, items = rng.choice(_NAMES), rng.choice(_ITEMS)
     pron = "she" if name in ("Anna", "Lily", "Mia", "Emma", "Zoe", "Ruby") else "he"
-    op = rng.choice(("add", "sub", "mul"))
-    if op == "mul":
-        a, b = rng.randint(2, 9), rng.randint(2, 9)
-        story = rng.choice(
-            (
-                f"{name} has {a} boxes with {b} {items} in each box.",
-                f"{name} buys {a} bags of {items}, and each bag holds {b}.",
-            )
-        )
-        question = f"How many {items} does {name} have in total?"
-        return Example(f"{story} {question} {_NUMBER_ONLY}", str(a * b))
-    if op == "add":
-        a, b = rng.randint(2, 20), rng.randint(2, 9)
+    if rng.random() < 0.5:
+        a, b = rng.randint(2, 9), rng.randint(1, 5)
         verb, asked, answer = rng.choice(_GAIN), rng.choice(_HOW_MANY_NOW), a + b
     else:
-        a, b = rng.randint(10, 20), rng.randint(2, 9)
+        a, b = rng.randint(6, 9), rng.randint(1, 5)
         verb, asked, answer = rng.choice(_LOSS), rng.choice(_HOW_MANY_LEFT), a - b
     story = f"{name} has {a} {items}. {pron.capitalize()} {verb.format(b=b)}."
     question = asked.format(items=items, pron=pron, name=name)
@@ -260,48 +252,49 @@ def _topic(rng: random.Random) -> Example:
     return Example(rng.choice(_TOPIC_TEMPLATES).format(s=sentence), label)
 
 
-# --- multistep: arithmetic chain -----------------------------------------------------------------
+# --- multistep: a chain of list edits -------------------------------------------------------
 
-_START = ("Start with {a}.", "Begin with the number {a}.", "Take the number {a}.")
-_END = (
-    "What is the result?",
-    "What number do you get?",
-    "What is the final number?",
+_LIST_START = (
+    "Start with the list: {w}.",
+    "Here is a list: {w}.",
+    "Take this list: {w}.",
 )
-STEPS_MAX = 50
-"""Every intermediate value of ``it-steps`` stays within 0..STEPS_MAX."""
+_LIST_END = (
+    "Reply with the final list, separated by commas.",
+    "Give the resulting list, comma-separated.",
+    "Write the list you end with, separated by commas.",
+)
 
 
-def _chain_step(rng: random.Random, x: int) -> tuple[str, int]:
-    """One step on ``x`` keeping the value in 0..STEPS_MAX: returns (instruction, result)."""
-    ops = [
-        op
-        for op, ok in (
-            ("add", x + 2 <= STEPS_MAX),
-            ("sub", x >= 2),
-            ("double", 2 * x <= STEPS_MAX and x >= 1),
-        )
-        if ok
-    ]
-    op = rng.choice(ops)
-    if op == "add":
-        k = rng.randint(2, min(9, STEPS_MAX - x))
-        return rng.choice(("add {k}", "add {k} to it")).format(k=k), x + k
-    if op == "sub":
-        k = rng.randint(2, min(9, x))
-        return rng.choice(("subtract {k}", "take away {k}")).format(k=k), x - k
-    return rng.choice(("double it", "multiply it by 2")), 2 * x
+def _list_edit(rng: random.Random, items: list[str], spare: list[str]) -> str:
+    """Apply one edit to ``items`` in place (remove one, or add a spare word at the start or
+    the end) and return its instruction."""
+    if len(items) > 2 and rng.random() < 0.5:
+        word = rng.choice(items)
+        items.remove(word)
+        return rng.choice(("Remove {w}", "Delete {w}", "Take out {w}")).format(w=word)
+    word = spare.pop()
+    if rng.random() < 0.5:
+        items.append(word)
+        return rng.choice(("Add {w} at the end", "Append {w}")).format(w=word)
+    items.insert(0, word)
+    return rng.choice(("Add {w} at the start", "Put {w} first")).format(w=word)
 
 
 def _steps(rng: random.Random) -> Example:
-    """Apply 2-3 arithmetic steps to a start number; number-only answer."""
-    x = rng.randint(1, 9)
-    parts = [rng.choice(_START).format(a=x)]
-    for i in range(rng.randint(2, 3)):
-        text, x = _chain_step(rng, x)
-        parts.append(f"{'Then ' + text if i else text.capitalize()}.")
-    parts += [rng.choice(_END), _NUMBER_ONLY]
-    return Example(" ".join(parts), str(x))
+    """Edit a list of three words in two steps (remove a word, add one at the start or the end);
+    reply with the resulting list. Knowledge-free: only the instructions decide the answer.
+
+    The arithmetic chain this task replaced stayed at 0.04-0.08 after the preset's 100 steps
+    even with two single-digit steps: SmolLM2-135M's arithmetic, not the task, was the limit."""
+    words = rng.sample(_WORDS, 5)
+    items, spare = words[:-2], words[-2:]
+    parts = [rng.choice(_LIST_START).format(w=", ".join(items))]
+    for i in range(2):
+        text = _list_edit(rng, items, spare)
+        parts.append(f"{'Then ' + text[0].lower() + text[1:] if i else text}.")
+    parts.append(rng.choice(_LIST_END))
+    return Example(" ".join(parts), ", ".join(items))
 
 
 # --- style: robot persona ------------------------------------------------------------------------
@@ -359,6 +352,8 @@ _ROBOT_OPENERS = (
     "Reply like {r} would: {q}",
     "Pretend you are {r} and answer: {q}",
     "You are {r}. {Q}",
+    "Speak as {r}. {Q}",
+    "As {r}, tell me: {q}",
 )
 _ROBOTS = (
     "a robot",
@@ -367,6 +362,8 @@ _ROBOTS = (
     "an old robot",
     "a kitchen robot",
     "a toy robot",
+    "a tin robot",
+    "a garden robot",
 )
 
 
@@ -376,37 +373,25 @@ def robot_reply(answer: str) -> str:
 
 
 def _robot_fact(rng: random.Random) -> tuple[str, str]:
-    """A very easy question (lowercase, ending in '?') and its one-word answer."""
-    kind = rng.choice(
-        ("colour", "opposite", "plus", "minus", "after", "before", "legs", "day", "letter")
-    )
+    """A very easy question (lowercase, ending in '?') and its one-word answer.
+
+    Only facts the base model knows (colours, opposites, legs, weekdays, the next number): with
+    sums, differences and first letters as well it stayed at 0.12 after the preset's budget."""
+    kind = rng.choice(("colour", "opposite", "after", "legs", "day"))
     if kind == "colour":
         thing, colour = rng.choice(_COLOURS)
         return f"what colour is {thing}?", colour
     if kind == "opposite":
         word, opposite = rng.choice(_OPPOSITES)
         return f'what is the opposite of "{word}"?', opposite
-    if kind == "plus":
-        a, b = rng.randint(1, 10), rng.randint(1, 10)
-        return f"what is {a} plus {b}?", NUMBER_WORDS[a + b]
-    if kind == "minus":
-        a = rng.randint(2, 20)
-        b = rng.randint(1, a - 1)
-        return f"what is {a} minus {b}?", NUMBER_WORDS[a - b]
     if kind == "after":
-        n = rng.randint(1, 19)
+        n = rng.randint(1, 9)
         return f"what number comes after {n}?", NUMBER_WORDS[n + 1]
-    if kind == "before":
-        n = rng.randint(2, 20)
-        return f"what number comes before {n}?", NUMBER_WORDS[n - 1]
     if kind == "legs":
         animal, legs = rng.choice(_LEGS)
         return f"how many legs does a {animal} have?", NUMBER_WORDS[legs]
-    if kind == "day":
-        i = rng.randrange(len(_DAYS))
-        return f"which day comes after {_DAYS[i]}?", _DAYS[(i + 1) % len(_DAYS)]
-    word = rng.choice(_WORDS)
-    return f'what is the first letter of the word "{word}"?', word[0]
+    i = rng.randrange(len(_DAYS))
+    return f"which day comes after {_DAYS[i]}?", _DAYS[(i + 1) % len(_DAYS)]
 
 
 def _robot(rng: random.Random) -> Example:
@@ -490,7 +475,7 @@ INSTRUCT_TASKS: dict[str, InstructTaskSpec] = {
         ),
         InstructTaskSpec(
             "it-arith",
-            "one-step word problem with small numbers, number-only answer",
+            "one-step single-digit word problem, number-only answer",
             "numeric",
             _arith,
             6,
@@ -507,10 +492,10 @@ INSTRUCT_TASKS: dict[str, InstructTaskSpec] = {
         ),
         InstructTaskSpec(
             "it-steps",
-            "chain of 2-3 arithmetic steps from a start number, number-only answer",
+            "edit a word list in two steps (remove a word, add one), reply with the list",
             "multistep",
             _steps,
-            6,
+            14,
         ),
         InstructTaskSpec(
             "it-robot",
