@@ -14,6 +14,8 @@ from the runs kept under ``benchmarks/results/<config stem>/cpu/`` (``forgetless
 --campaign``), whatever is there, and names the planned runs still missing. A tasks table
 (``<!-- tasks-table: real_tasks.json -->`` … ``<!-- /tasks-table -->``) lists each instruct
 task's base accuracy and its accuracy after training on it alone.
+A claims table (``<!-- claims-table: SECTION -->`` … ``<!-- /claims-table -->``) renders the
+claims of ``benchmarks/claims.yaml`` in that section with verdicts by rule (``claims_table.py``).
 ``--check`` exits 1 when a document differs from what its data renders (a test runs it).
 
     python benchmarks/render_tables.py [--check] [FILES...]
@@ -29,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from claims_table import bench_runs, load_claims, render_section  # benchmarks/ is on sys.path
 
 from forgetless.bench.campaign import config_key, load_record
 from forgetless.bench.stats import mean_interval, paired_verdict
@@ -41,6 +44,7 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 BLOCK = re.compile(r"(<!-- bench-table: (\S+) -->\n)(.*?)(<!-- /bench-table -->)", re.S)
 CAMPAIGN = re.compile(r"(<!-- campaign-table: (\S+) -->\n)(.*?)(<!-- /campaign-table -->)", re.S)
 TASKS = re.compile(r"(<!-- tasks-table: (\S+) -->\n)(.*?)(<!-- /tasks-table -->)", re.S)
+CLAIMS_BLOCK = re.compile(r"(<!-- claims-table: (\S+) -->\n)(.*?)(<!-- /claims-table -->)", re.S)
 CONFIGS = ROOT / "benchmarks" / "configs"
 CAMPAIGN_COLUMNS = [
     ("average_accuracy", "avg acc"),
@@ -248,7 +252,19 @@ def rewrite(text: str) -> str:
     def tasks(match: re.Match[str]) -> str:
         return match.group(1) + render_tasks(match.group(2)) + match.group(4)
 
-    return TASKS.sub(tasks, CAMPAIGN.sub(campaign, BLOCK.sub(table, text)))
+    def claims(match: re.Match[str]) -> str:
+        rows = render_section(match.group(2), load_claims(), _claim_runs, _metric)
+        return match.group(1) + rows + match.group(4)
+
+    text = TASKS.sub(tasks, CAMPAIGN.sub(campaign, BLOCK.sub(table, text)))
+    return CLAIMS_BLOCK.sub(claims, text)
+
+
+def _claim_runs(claim: dict[str, Any]) -> dict[tuple[str, int], dict[str, Any]]:
+    data = claim["data"]
+    if "bench" in data:
+        return bench_runs(RESULTS, data["bench"])
+    return _kept_runs(data["campaign"])[2]
 
 
 def main() -> None:

@@ -32,3 +32,23 @@ def test_the_renderer_pairs_by_seed() -> None:
     table = render_tables.render(bench)
     kl = next(line for line in table.splitlines() if line.startswith("| kl "))
     assert kl.endswith("| 0.200 ± 0.000 | 0.000 ± 0.000 |")  # +0.2 in both seeds: no spread
+
+
+def test_claim_rows_take_their_verdict_from_the_paired_interval() -> None:
+    from claims_table import claim_row, load_claims
+
+    def run(value: float) -> dict[str, object]:
+        return {"metrics": {"retention": value}}
+
+    claim = {"arm": "kl", "control": "seq_ft", "metric": "retention", "expected": 1}
+    runs = {("seq_ft", s): run(v) for s, v in enumerate((0.2, 0.3, 0.4))}
+    runs.update({("kl", s): run(v) for s, v in enumerate((0.4, 0.52, 0.6))})
+    measured, verdict = claim_row(claim, runs, render_tables._metric)
+    assert verdict == "supported" and "paired 0.207 ± 0.029 (3 seeds)" in measured
+    assert claim_row({**claim, "expected": -1}, runs, render_tables._metric)[1] == "refuted"
+    floor = {k: run(0.0) for k in runs}
+    assert claim_row(claim, floor, render_tables._metric)[1] == "not testable here"
+    one = {k: v for k, v in runs.items() if k[1] == 0}
+    assert claim_row(claim, one, render_tables._metric)[1] == "exploratory"
+    sections = {c["section"] for c in load_claims()}
+    assert {"baselines-tiny", "baselines-real"} <= sections
