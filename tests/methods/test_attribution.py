@@ -20,7 +20,9 @@ from forgetless.attribution.importance import (
     keep_factor,
     normalize_relevance,
     overlap,
+    permuted_maps,
     random_jaccard,
+    rank_fraction,
     top_set,
 )
 from forgetless.attribution.relevance import (
@@ -218,6 +220,36 @@ def test_normalization_is_scale_free_and_bounded() -> None:
     assert torch.equal(normalize_relevance(torch.zeros(3, 3)), torch.zeros(3, 3))
 
 
+def test_positive_sign_drops_negative_evidence_and_quantile_is_a_uniform_rank() -> None:
+    rel = torch.tensor([-4.0, 1.0, 2.0, 0.5])
+    positive = normalize_relevance(rel, 0.25, False, "positive")
+    assert positive[0] == 0 and positive[2] == 1.0
+    assert normalize_relevance(rel, 0.25, False, "abs")[0] == 1.0
+    ranks = normalize_relevance(torch.randn(40, 25), scaling="quantile")
+    assert ranks.min() == 0 and ranks.max() == 1
+    assert ranks.mean() == pytest.approx(0.5, abs=1e-3)  # uniform, unlike the top-K mean's
+    assert torch.equal(
+        rank_fraction(torch.tensor([3.0, 1.0, 1.0, 0.0])), torch.tensor([1.0, 1 / 3, 1 / 3, 0.0])
+    )
+    scaled = normalize_relevance(rel * 1e3, scaling="quantile", sign="positive")
+    assert torch.equal(scaled, normalize_relevance(rel, scaling="quantile", sign="positive"))
+
+
+def test_the_permuted_control_keeps_the_strengths_and_moves_them() -> None:
+    maps = {"a": torch.rand(30, 20), "b": torch.rand(50)}
+    shuffled = permuted_maps(maps, seed=3)
+    for name, value in maps.items():
+        assert torch.equal(shuffled[name].flatten().sort().values, value.flatten().sort().values)
+        assert not torch.equal(shuffled[name], value)
+    assert all(torch.equal(shuffled[n], permuted_maps(maps, seed=3)[n]) for n in maps)
+
+
+def test_strength_scales_the_gate() -> None:
+    importance = torch.tensor([0.0, 0.5, 1.0])
+    assert torch.equal(keep_factor(importance, torch.float32, 0.5), torch.tensor([1.0, 0.75, 0.5]))
+    assert torch.equal(keep_factor(importance, torch.float32, 0.0), torch.ones(3))
+
+
 def test_task_map_is_the_mean_and_history_keeps_the_max() -> None:
     acc = MapAccumulator(top_fraction=1.0, log_scale=False)
     acc.add({"w": torch.tensor([1.0, 0.0])})
@@ -396,3 +428,18 @@ def test_lora_needs_the_carry_regime(tiny_model_dir: Path, tmp_path: Path) -> No
             {"name": "attribution_gate"},
             finetune={"mode": "lora", "lora": {"r": 2, "regime": "per_task"}},
         )
+
+
+def test_the_permuted_control_gates_with_the_same_strengths_elsewhere() -> None:
+    model = nn.Linear(6, 4)
+    gate = AttributionGate(AttributionGateConfig(control="permuted", strength=0.5))
+    gate.importance = {"weight": torch.rand(4, 6), "bias": torch.rand(4)}
+    factors = {name: keep for name, _, keep in gate._gate_factors(model, seed=1)}
+    for name, value in gate.importance.items():
+        expected = (1 - 0.5 * value).flatten().sort().values
+        assert torch.allclose(factors[name].flatten().sort().values, expected)
+        assert not torch.allclose(factors[name], 1 - 0.5 * value)
+    plain = AttributionGate(AttributionGateConfig(strength=0.5))
+    plain.importance = gate.importance
+    for name, _, keep in plain._gate_factors(model, seed=1):
+        assert torch.allclose(keep, 1 - 0.5 * gate.importance[name])

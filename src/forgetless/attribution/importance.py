@@ -10,25 +10,41 @@ scaling and a top-K mean, which is what ``normalize_relevance`` does (docs/attri
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Literal
 
 import torch
 
 Maps = Mapping[str, torch.Tensor]
 
 
-def normalize_relevance(
-    relevance: torch.Tensor, top_fraction: float = 0.01, log_scale: bool = True
-) -> torch.Tensor:
-    """Map one tensor's relevance to [0, 1]: ``|R|``, optionally ``log1p(|R| / mean|R|)``,
-    divided by the mean of its top ``top_fraction`` entries and clipped at 1.
+Sign = Literal["abs", "positive"]
+Scaling = Literal["topk_mean", "quantile"]
 
-    Scale-free (multiplying ``R`` by a constant changes nothing), so samples and tensors with
-    different relevance totals weigh alike; the top-K mean in place of the max keeps one extreme
-    entry from flattening the rest.
+
+def normalize_relevance(
+    relevance: torch.Tensor,
+    top_fraction: float = 0.01,
+    log_scale: bool = True,
+    sign: Sign = "abs",
+    scaling: Scaling = "topk_mean",
+) -> torch.Tensor:
+    """Map one tensor's relevance to [0, 1].
+
+    ``sign``: ``abs`` takes ``|R|``; ``positive`` keeps ``[R]₊`` (the paper's choice: only
+    evidence for the prediction counts). ``scaling``: ``topk_mean`` optionally compresses with
+    ``log1p(R / mean R)``, divides by the mean of the top ``top_fraction`` entries and clips at
+    1 (a weight reaches 1 only among a sample's top entries); ``quantile`` replaces each entry by
+    its rank in the tensor, ``rank / (n − 1)`` (a uniform map whatever the heavy tail; ties,
+    zeros included, share their lowest rank).
+
+    Both are scale-free: multiplying ``R`` by a positive constant changes nothing.
     """
     if not 0 < top_fraction <= 1:
         raise ValueError(f"top_fraction must be in (0, 1], got {top_fraction}")
-    magnitude = relevance.detach().abs().float()
+    value = relevance.detach().float()
+    magnitude = value.clamp(min=0) if sign == "positive" else value.abs()
+    if scaling == "quantile":
+        return rank_fraction(magnitude)
     mean = magnitude.mean()
     if not torch.isfinite(mean) or mean == 0:
         return torch.zeros_like(magnitude)
@@ -39,17 +55,37 @@ def normalize_relevance(
     return (magnitude / scale).clamp_(0.0, 1.0)
 
 
+def rank_fraction(values: torch.Tensor) -> torch.Tensor:
+    """Each entry's rank among ``values`` as ``rank / (n − 1)`` in [0, 1], ties at their lowest
+    rank (an all-equal tensor maps to zeros)."""
+    flat = values.flatten()
+    if flat.numel() < 2:
+        return torch.zeros_like(values)
+    ordered = flat.sort().values
+    lowest = torch.searchsorted(ordered, flat, right=False)
+    return (lowest.float() / (flat.numel() - 1)).view(values.shape)
+
+
 class MapAccumulator:
     """Running mean of normalized per-sample maps: the task map ``R_t``."""
 
-    def __init__(self, top_fraction: float, log_scale: bool) -> None:
+    def __init__(
+        self,
+        top_fraction: float,
+        log_scale: bool,
+        sign: Sign = "abs",
+        scaling: Scaling = "topk_mean",
+    ) -> None:
         self.top_fraction, self.log_scale = top_fraction, log_scale
+        self.sign, self.scaling = sign, scaling
         self.sums: dict[str, torch.Tensor] = {}
         self.count = 0
 
     def add(self, relevance: Maps) -> None:
         for name, value in relevance.items():
-            norm = normalize_relevance(value, self.top_fraction, self.log_scale)
+            norm = normalize_relevance(
+                value, self.top_fraction, self.log_scale, self.sign, self.scaling
+            )
             self.sums[name] = self.sums[name] + norm if name in self.sums else norm
         self.count += 1
 
@@ -57,6 +93,18 @@ class MapAccumulator:
         if self.count == 0:
             return {}
         return {name: total / self.count for name, total in self.sums.items()}
+
+
+def permuted_maps(maps: Maps, seed: int) -> dict[str, torch.Tensor]:
+    """The control map: each tensor's entries shuffled by a seeded permutation. The gate keeps
+    its distribution of strengths (mean, share above ½) and loses only which weight gets which,
+    so a gain over this control is the map's placement, not its overall damping."""
+    gen = torch.Generator().manual_seed(seed)
+    out = {}
+    for name in sorted(maps):
+        flat = maps[name].flatten()
+        out[name] = flat[torch.randperm(flat.numel(), generator=gen)].view(maps[name].shape)
+    return out
 
 
 def historical_max(previous: Maps, new: Maps) -> dict[str, torch.Tensor]:
@@ -69,9 +117,12 @@ def historical_max(previous: Maps, new: Maps) -> dict[str, torch.Tensor]:
     return out
 
 
-def keep_factor(importance: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The gate ``1 − R̄`` in the parameter's dtype."""
-    return (1.0 - importance.float()).to(dtype)
+def keep_factor(
+    importance: torch.Tensor, dtype: torch.dtype, strength: float = 1.0
+) -> torch.Tensor:
+    """The gate ``1 − s·R̄`` in the parameter's dtype (``s = 1``: the paper's gate; ``s`` is
+    the knob a forgetting budget can steer)."""
+    return (1.0 - strength * importance.float()).to(dtype)
 
 
 def gate_update_(param: torch.Tensor, before: torch.Tensor, keep: torch.Tensor) -> None:

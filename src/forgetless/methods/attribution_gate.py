@@ -12,9 +12,12 @@ from torch import nn
 
 from forgetless.attribution.importance import (
     MapAccumulator,
+    Scaling,
+    Sign,
     gate_update_,
     historical_max,
     keep_factor,
+    permuted_maps,
 )
 from forgetless.attribution.relevance import relevance_session
 from forgetless.contract.method import (
@@ -52,6 +55,24 @@ class AttributionGateConfig(MethodConfig):
     )
     log_scale: bool = Field(
         True, description="Compress relevance as log1p(|R| / mean |R|) before normalizing."
+    )
+    sign: Sign = Field(
+        "abs",
+        description="'abs': |R|. 'positive': [R]+, the paper's choice (evidence for the "
+        "prediction only).",
+    )
+    scaling: Scaling = Field(
+        "topk_mean",
+        description="Per-sample normalisation: 'topk_mean' (divide by the top-fraction mean, "
+        "clip at 1) or 'quantile' (each weight's rank in its tensor, in [0, 1]).",
+    )
+    strength: float = Field(
+        1.0, ge=0, le=1, description="s in the gate 1 − s·R̄ (1: the paper's gate)."
+    )
+    control: Literal["none", "permuted"] = Field(
+        "none",
+        description="'permuted': gate with R̄'s entries shuffled within each tensor (seeded), "
+        "the control that keeps the gate's strength and loses where it acts.",
     )
     max_samples: int = Field(
         64, ge=1, description="Training examples scored at task end; the correct ones count."
@@ -94,7 +115,7 @@ class AttributionGate(Method[AttributionGateConfig]):
         self._gated: list[tuple[str, nn.Parameter, torch.Tensor]] = []
 
     def register_hooks(self, ctx: TaskContext) -> list[torch.utils.hooks.RemovableHandle]:
-        self._gated = self._gate_factors(ctx.model)
+        self._gated = self._gate_factors(ctx.model, ctx.run.seed)
         if self.config.gate != "gradient":
             return []
         return [param.register_hook(_scaler(keep)) for _, param, keep in self._gated]
@@ -110,7 +131,8 @@ class AttributionGate(Method[AttributionGateConfig]):
     def on_task_end(self, ctx: TaskEndContext) -> None:
         task = ctx.task
         names = set(trainable_parameters(task.model))
-        accumulator = MapAccumulator(self.config.top_fraction, self.config.log_scale)
+        cfg = self.config
+        accumulator = MapAccumulator(cfg.top_fraction, cfg.log_scale, cfg.sign, cfg.scaling)
         gen = torch.Generator().manual_seed(task.run.seed * 1000 + task.task_index)
         order = torch.randperm(len(task.train_features), generator=gen)[: self.config.max_samples]
         start = time.perf_counter()
@@ -136,12 +158,19 @@ class AttributionGate(Method[AttributionGateConfig]):
         self.importance = dict(state.get("importance", {}))
         self.tasks_seen = int(state.get("tasks_seen", 0))
 
-    def _gate_factors(self, model: nn.Module) -> list[tuple[str, nn.Parameter, torch.Tensor]]:
-        """``(name, weight, 1 − R̄)`` per trainable weight with a map, on its device and dtype."""
+    def _gate_factors(
+        self, model: nn.Module, seed: int
+    ) -> list[tuple[str, nn.Parameter, torch.Tensor]]:
+        """``(name, weight, 1 − s·R̄)`` per trainable weight with a map, on its device and
+        dtype; under the permuted control, R̄ shuffled within each tensor first."""
+        maps = self.importance
+        if self.config.control == "permuted" and maps:
+            maps = permuted_maps(maps, seed * 1000 + self.tasks_seen)
+        strength = self.config.strength
         return [
-            (name, param, keep_factor(self.importance[name], param.dtype).to(param.device))
+            (name, param, keep_factor(maps[name], param.dtype, strength).to(param.device))
             for name, param in model.named_parameters()
-            if param.requires_grad and name in self.importance
+            if param.requires_grad and name in maps
         ]
 
 
