@@ -148,6 +148,13 @@ class TrainConfig(Strict):
         description="bf16: training's forward passes under bfloat16 autocast (weights and "
         "optimizer state stay float32); evaluation stays float32.",
     )
+    optimizer_restarts: int = Field(
+        0,
+        ge=0,
+        description="Clear AdamW's state this many times within each task, at evenly spaced "
+        "steps: a control matched to a method that restarts its optimizer (anchored starts one "
+        "per anchor).",
+    )
     on_nonfinite: Literal["stop", "skip"] = Field(
         "stop",
         description="A NaN/inf loss or gradient: stop the run (the event goes into results.json), "

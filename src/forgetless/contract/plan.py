@@ -23,6 +23,13 @@ class TrainPlan:
     """``stop``: a non-finite loss or gradient raises; ``skip``: drop that step's update."""
     autocast: bool = False
     """Forward passes under bfloat16 autocast (float32 weights and optimizer state)."""
+    optimizer_restarts: int = 0
+    """Times the optimizer's state is cleared within the task, at evenly spaced steps."""
+
+    def restart_steps(self) -> set[int]:
+        """The steps before which the optimizer starts afresh."""
+        k = self.optimizer_restarts
+        return {round(i * self.steps / (k + 1)) for i in range(1, k + 1)} - {0}
 
 
 @dataclass

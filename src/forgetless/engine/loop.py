@@ -144,8 +144,11 @@ class StepLoop:
         stream = batches(features, plan.batch_size, plan.seed, done.step * plan.grad_accum)
         self.model.train()
         start = time.perf_counter() - done.seconds
+        restarts = plan.restart_steps()
         with self._bar(label, plan.steps, done.step) as advance:
             for step in range(done.step, plan.steps):
+                if step in restarts:
+                    optimizer.state.clear()  # a fresh AdamW: moments and step count at zero
                 sctx = StepContext(
                     task=self.ctx, step=step, total_steps=plan.steps, autocast=plan.autocast
                 )

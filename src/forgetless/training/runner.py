@@ -356,6 +356,7 @@ class Runner:
             max_grad_norm=t.max_grad_norm,
             on_nonfinite=t.on_nonfinite,
             autocast=t.autocast == "bf16",
+            optimizer_restarts=t.optimizer_restarts,
         )
 
     def _context(self, index: int, features: list[Features]) -> TaskContext:
