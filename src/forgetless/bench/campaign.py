@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import BaseModel
+from pydantic_core import to_jsonable_python
 
 from forgetless.config.schema import RunConfig
 from forgetless.core.storage import atomic_write_json
@@ -25,10 +27,35 @@ from forgetless.core.storage import atomic_write_json
 RECORD_VERSION = 1
 
 
+_TAGS = frozenset({"name", "kind", "method"})
+"""Fields kept even at their default: they say which method or scorer a block configures."""
+
+
 def config_key(cfg: RunConfig) -> str:
-    """What a run's figures depend on: its whole resolved config (not its output folder)."""
-    text = json.dumps(cfg.model_dump(mode="json"), sort_keys=True)
+    """What a run's figures depend on: every setting that differs from its default, and the
+    name of each method and scorer.
+
+    Defaults are left out so that an option added later (with a default that keeps the old
+    behaviour) does not turn a campaign's kept runs stale.
+    """
+    text = json.dumps(essential_settings(cfg), sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def essential_settings(value: Any) -> Any:
+    """``value`` as JSON data, each pydantic model reduced to its non-default fields and tags."""
+    if isinstance(value, BaseModel):
+        out = {}
+        for name, field in type(value).model_fields.items():
+            item = getattr(value, name)
+            if name in _TAGS or item != field.get_default(call_default_factory=True):
+                out[name] = essential_settings(item)
+        return out
+    if isinstance(value, list | tuple):
+        return [essential_settings(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): essential_settings(v) for k, v in value.items()}
+    return to_jsonable_python(value)
 
 
 def device_kind() -> str:
