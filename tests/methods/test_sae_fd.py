@@ -121,8 +121,16 @@ def test_terms_and_spaces_of_the_ablations() -> None:
     assert cos.total.item() == pytest.approx(float(both.l_cos), rel=1e-6)
     assert mag.total.item() == pytest.approx(float(both.l_mag), rel=1e-6)
     assert not both.l_cos.requires_grad and not both.l_mag.requires_grad
-    dense = feature_distillation(None, h, h_anchor, "cos+mag", "dense")
-    assert dense.total.item() == pytest.approx(((h - h_anchor) ** 2).mean().item(), rel=1e-6)
+    raw = feature_distillation(None, h, h_anchor, "cos+mag", "dense_mse")
+    assert raw.total.item() == pytest.approx(((h - h_anchor) ** 2).mean().item(), rel=1e-6)
+    dense = feature_distillation(None, h, h_anchor, "cos+mag", "dense")  # the same form on h
+    cos = (1 - torch.nn.functional.cosine_similarity(h, h_anchor, dim=-1)).mean()
+    assert float(dense.l_cos) == pytest.approx(cos.item(), rel=1e-5)
+    assert float(dense.l_mag) == pytest.approx(((h - h_anchor) ** 2).mean().item(), rel=1e-6)
+    assert dense.total.item() == pytest.approx(float(dense.l_cos + dense.l_mag), rel=1e-6)
+    assert feature_distillation(None, h, h, "cos+mag", "dense").total.item() == pytest.approx(
+        0, abs=1e-6
+    )
 
 
 # --- the adaptive λ ----------------------------------------------------------------------------
@@ -268,9 +276,11 @@ def test_two_task_lora_run_logs_lambda_and_round_trips_its_state(
     fd = t2["details"]["sae_fd"]
     assert len(fd["lambda"]) == TRAIN["steps"] == len(fd["l_cos"]) == len(fd["l_mag"])
     assert all(0.2 <= lam <= 10.0 for lam in fd["lambda"])
-    assert fd["lambda"][0] > 1.0, "the first step (model = anchors) pushes λ up, not to inf"
+    assert fd["lambda"][0] == pytest.approx(10.0), "a task starts at lam_max (lam_start: max)"
     assert fd["l_cos"][-1] > 0 and fd["l_mag"][-1] > 0
     assert fd["sae"]["trained"] is True and fd["sae"]["sae"]["d_sae"] == 4 * 32
+    sources = set(fd["sae"]["sources"])  # the base's general data, never the sequence's tasks
+    assert "copy" in sources and not sources & {"reverse", "cipher"}
     assert fd["anchors"]["samples"] == 8 and fd["buffer"]["samples"] == 16
     assert list((tmp_path / "cache" / "sae").iterdir()), "cached in the shared folder"
     # state: anchors of both tasks (float16) and λ, through safetensors + JSON

@@ -27,8 +27,8 @@ ConfigArg = Annotated[
 TasksOpt = Annotated[
     Optional[str],  # noqa: UP045
     typer.Option(
-        help="Comma-separated built-in task names (default: the tiny suite for the built-in "
-        "base; for a named model, the instruct tasks outside the config's sequence)."
+        help="Comma-separated built-in task names (default: the general data outside the "
+        "config's sequence: the instruct tasks for an instruct sequence, else the tiny suite's)."
     ),
 ]
 QuietOpt = Annotated[bool, typer.Option(help="No progress bars.")]
@@ -90,18 +90,11 @@ def _settings(cfg: RunConfig, overrides: dict[str, Any]) -> SAETrainConfig:
     base = start if isinstance(start, SAETrainConfig) else SAETrainConfig.model_validate({})
     chosen = {k: v for k, v in overrides.items() if v is not None}
     merged = {**base.model_dump(), **chosen}
-    if merged["tasks"] is None and cfg.model.name_or_path is not None:
-        merged["tasks"] = held_out_instruct_tasks(cfg)
+    if merged["tasks"] is None:
+        from forgetless.sae.activations import default_sae_sources
+
+        merged["tasks"] = default_sae_sources([t.builtin or "" for t in cfg.tasks])
     return SAETrainConfig.model_validate(merged)
-
-
-def held_out_instruct_tasks(cfg: RunConfig) -> list[str | dict[str, Any]]:
-    """A real model's default SAE data: the instruct tasks outside the run's sequence (the
-    built-in default, the tiny suite, is not text an instruct LM reads)."""
-    from forgetless.tasks.instruct import INSTRUCT_TASKS
-
-    sequence = {t.builtin for t in cfg.tasks}
-    return [name for name in INSTRUCT_TASKS if name not in sequence]
 
 
 @app.command()

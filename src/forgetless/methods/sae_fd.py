@@ -37,6 +37,7 @@ from forgetless.errors import ConfigError, ModelLoadError
 from forgetless.sae.activations import (
     MLPTap,
     TrainedSAE,
+    default_sae_sources,
     ensure_sae,
     model_fingerprint,
     shared_sae_dir,
@@ -92,17 +93,28 @@ class FDParts(NamedTuple):
 def feature_distillation(
     sae: GatedSAE | None, h: Tensor, h_anchor: Tensor, terms: str, space: str
 ) -> FDParts:
-    """``L_FD`` between the current MLP outputs ``h`` and the anchors ``h_anchor`` (``(T, d)``)."""
-    if space == "dense":
+    """``L_FD`` between the current MLP outputs ``h`` and the anchors ``h_anchor`` (``(T, d)``).
+
+    ``sae``: the paper's loss on the SAE's features. ``dense``: the same two-term form on ``h``
+    itself (``L_cos`` on ``h``, ``L_mag`` over every coordinate, all of them being "active"), so
+    the ablation changes only the space. ``dense_mse``: one MSE on ``h`` (the loss form changes
+    too).
+    """
+    if space == "dense_mse":
         loss = dense_mse(h, h_anchor)
         zero = loss.detach() * 0.0
         return FDParts(loss, zero, zero)
-    assert sae is not None, "the SAE space needs an SAE"
-    current = encode(sae, h)
-    with torch.no_grad():
-        anchor = encode(sae, h_anchor)
-    l_cos = cosine_loss(current.pi_mag, anchor.pi_mag)
-    l_mag = active_magnitude_loss(current.pi_mag, anchor.f)
+    if space == "dense":
+        value, reference = h, h_anchor.to(h.dtype)
+        l_cos = cosine_loss(value, reference)
+        l_mag = dense_mse(value, reference)
+    else:
+        assert sae is not None, "the SAE space needs an SAE"
+        current = encode(sae, h)
+        with torch.no_grad():
+            anchor = encode(sae, h_anchor)
+        l_cos = cosine_loss(current.pi_mag, anchor.pi_mag)
+        l_mag = active_magnitude_loss(current.pi_mag, anchor.f)
     parts = {"cos": l_cos, "mag": l_mag}
     total = torch.stack([parts[t] for t in terms.split("+")]).sum()
     return FDParts(total, l_cos.detach(), l_mag.detach())
@@ -259,13 +271,21 @@ class SAEFDConfig(MethodConfig):
     terms: Literal["cos+mag", "cos", "mag"] = Field(
         "cos+mag", description="L_FD = L_cos + L_mag (the paper), or one term (ablations)."
     )
-    space: Literal["sae", "dense"] = Field(
+    space: Literal["sae", "dense", "dense_mse"] = Field(
         "sae",
-        description="sae: distil through the frozen SAE (the paper); dense: raw MSE on the MLP "
-        "outputs (the paper's 'raw MSE' ablation; needs no SAE, ignores terms).",
+        description="sae: distil through the frozen SAE (the paper); dense: the same L_cos + "
+        "L_mag form on the MLP outputs themselves (every coordinate active: only the space "
+        "changes); dense_mse: one raw MSE on the MLP outputs (the loss form changes too). The "
+        "dense spaces need no SAE.",
     )
     adaptive: bool = Field(
         True, description="Steer λ by an EMA toward the share rho (the paper); false: fixed λ."
+    )
+    lam_start: Literal["max", "carry"] = Field(
+        "max",
+        description="Adaptive λ at a task's start: max = lam_max, then the EMA relaxes it as "
+        "L_task falls (the paper: λ high when a task starts, when forgetting is likeliest); "
+        "carry = the value the last task ended with.",
     )
     lam: float = Field(
         1.0,
@@ -337,7 +357,9 @@ class SAEFD(Method[SAEFDConfig]):
       rather than the gated ``f`` keeps a gradient where the current gate has closed, and since
       both paths project on the same direction, pulling ``π_mag`` back also reopens the gate.
     - **Adaptive λ**: ``λ ← (1−η)λ + η·clip(λ*)``, ``λ* = ρ/(1−ρ)·L_task/L_FD``, updated with each
-      micro-batch's losses before weighting it; ``L_FD ≈ 0`` gives λ* = ``lam_max``.
+      micro-batch's losses before weighting it; ``L_FD ≈ 0`` gives λ* = ``lam_max``. Each task
+      starts at ``lam_max`` (``lam_start: max``), so λ is high while ``L_task`` is large and
+      relaxes as the task converges, as the paper describes.
 
     λ, L_cos, L_mag, L_FD and the measured share are recorded per micro-batch and land in
     ``results.json`` under the task's ``details.sae_fd`` (only the weighted term is a named loss
@@ -385,6 +407,8 @@ class SAEFD(Method[SAEFDConfig]):
 
     def register_hooks(self, ctx: TaskContext) -> list[torch.utils.hooks.RemovableHandle]:
         self.trace = _empty_trace()
+        if self.config.adaptive and self.config.lam_start == "max":
+            self.lam = self.config.lam_max
         if len(self.buffer) and self.config.space == "sae" and self.sae is None:
             self.sae = self._load_sae(ctx).to(ctx.device)
         self.tap = MLPTap()
@@ -544,17 +568,22 @@ class SAEFD(Method[SAEFDConfig]):
             return sae
         if ctx.run.load_base is None:
             raise ModelLoadError("sae_fd needs the runner's base-model loader (RunInfo.load_base)")
+        settings = self.config.sae
+        if settings.tasks is None:  # the base's general data, not the sequence's own tasks
+            settings = settings.model_copy(
+                update={"tasks": default_sae_sources(ctx.run.task_names)}
+            )
         if self.config.sae_cache == "run":
             folder = ctx.run.out_dir / "sae"
             base = None
         else:
             base = ctx.run.load_base()
             fingerprint = model_fingerprint(base, ctx.tokenizer)
-            folder = shared_sae_dir(fingerprint, self.config.sae, ctx.run.max_length)
+            folder = shared_sae_dir(fingerprint, settings, ctx.run.max_length)
         loader = ctx.run.load_base if base is None else (lambda: base)
         got: TrainedSAE = distributed.main_first(
             lambda: ensure_sae(
-                folder, loader, ctx.tokenizer, self.config.sae, ctx.run.max_length, ctx.device
+                folder, loader, ctx.tokenizer, settings, ctx.run.max_length, ctx.device
             )
         )
         self.sae_info = {"path": str(got.folder), "trained": got.trained, **_summary(got.record)}
@@ -580,4 +609,5 @@ def _summary(record: dict[str, Any]) -> dict[str, Any]:
     return {
         "sae": record.get("sae"),
         "metrics": (record.get("metrics") or {}).get("eval"),
+        "sources": sorted(record.get("sources") or {}),
     }

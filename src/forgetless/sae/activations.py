@@ -147,6 +147,17 @@ def sae_examples(
     return out
 
 
+def default_sae_sources(sequence: list[str]) -> list[str]:
+    """What an SAE reads when its sources are not given: the base's general data, never the
+    run's own tasks. For a sequence of instruct tasks, the instruct tasks outside it; otherwise
+    the tiny suite's built-in tasks outside it (the base's pretraining skills among them)."""
+    from forgetless.tasks.builtin import BUILTIN_TASKS
+    from forgetless.tasks.instruct import INSTRUCT_TASKS
+
+    pool = INSTRUCT_TASKS if any(name in INSTRUCT_TASKS for name in sequence) else BUILTIN_TASKS
+    return [name for name in pool if name not in sequence]
+
+
 def example_features(
     examples: dict[str, list[Example]], tokenizer: Any, max_length: int
 ) -> list[Features]:
