@@ -19,6 +19,8 @@ from forgetless.diagnostics.circuits import (
     head_effects,
     head_effects_loop,
     head_layout,
+    mask_temperature,
+    mask_values,
     masked_logits,
     o_proj_modules,
     target_logprob,
@@ -160,6 +162,23 @@ def test_planted_circuit_is_recovered() -> None:
     assert circuit == pytest.approx(1.0, abs=1e-4)  # the others do nothing: C is faithful
     idle = [(ly, h) for ly in range(2) for h in range(4) if (ly, h) not in PLANTED]
     assert all(abs(float(effects.necessity[ly, h])) < 1e-5 for ly, h in idle)
+
+
+@pytest.mark.parametrize(
+    "binary", [{"final_temperature": 0.02}, {"straight_through": True}], ids=["anneal", "st"]
+)
+def test_binary_masks_recover_the_planted_circuit(binary: dict[str, Any]) -> None:
+    model = _planted_model()
+    batch, cf = _head_targets(model)
+    soft = train_masks(model, batch, cf, steps=80, lr=0.1, sparsity=0.05)
+    hard = train_masks(model, batch, cf, steps=80, lr=0.1, sparsity=0.05, **binary)
+    assert {tuple(ix) for ix in hard.binary.nonzero().tolist()} == PLANTED
+    if "final_temperature" in binary:  # annealed: the masks end (near) 0 or 1
+        assert hard.gap < 0.01 < soft.gap
+    assert mask_temperature(0, 80, 1.0, 0.02) == 1.0
+    assert mask_temperature(79, 80, 1.0, 0.02) == pytest.approx(0.02)
+    values = mask_values(torch.tensor([2.0, -1.0], requires_grad=True), 1.0, True)
+    assert values.tolist() == [1.0, 0.0]
 
 
 def _m(model: nn.Module, batch: dict[str, torch.Tensor], mask: torch.Tensor, cf: Any) -> float:

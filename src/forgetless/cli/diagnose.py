@@ -128,6 +128,13 @@ def circuits(
     steps: Annotated[int, typer.Option(help="DBM optimisation steps.")] = 200,
     lr: Annotated[float, typer.Option(help="DBM learning rate (Adam on mask logits).")] = 0.1,
     temperature: Annotated[float, typer.Option(help="τ of the mask sigmoid σ(ℓ/τ).")] = 1.0,
+    final_temperature: Annotated[
+        Optional[float],  # noqa: UP045
+        typer.Option(help="Anneal τ geometrically to this over the steps (binary masks)."),
+    ] = None,
+    straight_through: Annotated[
+        bool, typer.Option(help="Train hard 0/1 masks (straight-through gradient).")
+    ] = False,
     sparsity: Annotated[float, typer.Option(help="λ of the Σ mask penalty.")] = 0.05,
     shift: Annotated[float, typer.Option(help="|Δm_h| threshold for mask-shift classes.")] = 0.1,
     specialist: Annotated[
@@ -160,7 +167,9 @@ def circuits(
         n=n,
         seed=seed,
         kind=counterfactual,  # type: ignore[arg-type]
-        dbm=DBMSettings(steps, lr, temperature, sparsity, seed),
+        dbm=DBMSettings(
+            steps, lr, temperature, sparsity, seed, final_temperature, straight_through
+        ),
         thresholds=Thresholds(shift, specialist, delta),
         chunk=chunk,
     )

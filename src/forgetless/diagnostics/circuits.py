@@ -177,6 +177,7 @@ class DBMResult:
     binary: torch.Tensor  # (L, H) bool, the circuit
     history: list[dict[str, float]] = field(default_factory=list)
     forward_passes: int = 0
+    gap: float = 0.0  # mean |σ − round(σ)| of the final masks: 0 when they are binary
 
 
 @contextlib.contextmanager
@@ -194,6 +195,23 @@ def _frozen(model: nn.Module) -> Iterator[None]:
         model.train(was_training)
 
 
+def mask_temperature(step: int, steps: int, start: float, end: float | None) -> float:
+    """τ at ``step``: constant ``start``, or a geometric anneal from ``start`` to ``end`` (a low
+    end drives σ(ℓ/τ) to 0 or 1, so the trained masks become binary)."""
+    if end is None or steps < 2:
+        return start
+    return start * (end / start) ** (step / (steps - 1))
+
+
+def mask_values(logits: torch.Tensor, temperature: float, straight_through: bool) -> torch.Tensor:
+    """The masks a step applies: σ(ℓ/τ), or with ``straight_through`` the hard 0/1 masks in the
+    forward pass and σ's gradient in the backward one."""
+    probs = torch.sigmoid(logits / temperature)
+    if not straight_through:
+        return probs
+    return (probs > 0.5).to(probs.dtype) + probs - probs.detach()
+
+
 def train_masks(
     model: nn.Module,
     batch: Batch,
@@ -204,23 +222,30 @@ def train_masks(
     sparsity: float = 0.05,
     init: float = 3.0,
     log_every: int = 0,
+    final_temperature: float | None = None,
+    straight_through: bool = False,
 ) -> DBMResult:
     """Differentiable binary masks over all heads (one forward pass per step, all heads masked).
 
-    Minimises ``−m(σ(ℓ/τ)) + λ·Σ_h σ(ℓ_h/τ)`` over the mask logits ℓ (model frozen), with m the
-    mean target log-probability; the circuit is ``σ(ℓ/τ) > 0.5``. ``init`` starts every head
-    near clean (σ(3) ≈ 0.95) so training begins at the full model's behaviour.
+    Minimises ``−m(mask) + λ·Σ_h σ(ℓ_h/τ)`` over the mask logits ℓ (model frozen), with m the
+    mean target log-probability and the mask ``σ(ℓ/τ)``; the circuit is ``σ(ℓ/τ) > 0.5``.
+    ``init`` starts every head near clean (σ(3) ≈ 0.95) so training begins at the full model's
+    behaviour. At a fixed τ the masks stay soft, so the trained and the thresholded circuit can
+    differ: ``final_temperature`` anneals τ toward it, ``straight_through`` trains the hard
+    masks themselves (``mask_values``). ``DBMResult.gap`` says how far from binary they ended.
     """
     layout = head_layout(model)
     device = batch["input_ids"].device
     logits = torch.full((layout.layers, layout.heads), init, device=device, requires_grad=True)
     optimizer = torch.optim.Adam([logits], lr=lr)
     history: list[dict[str, float]] = []
+    tau = temperature
     with _frozen(model):
         for step in range(steps):
-            probs = torch.sigmoid(logits / temperature)
-            score = target_logprob(masked_logits(model, batch, probs, cf), batch["labels"]).mean()
-            penalty = probs.sum()
+            tau = mask_temperature(step, steps, temperature, final_temperature)
+            masks = mask_values(logits, tau, straight_through)
+            score = target_logprob(masked_logits(model, batch, masks, cf), batch["labels"]).mean()
+            penalty = torch.sigmoid(logits / tau).sum()
             loss = -score + sparsity * penalty
             optimizer.zero_grad()
             loss.backward()
@@ -231,11 +256,13 @@ def train_masks(
                         "step": step,
                         "logprob": float(score.detach()),
                         "mask_sum": float(penalty.detach()),
+                        "temperature": tau,
                     }
                 )
     final = logits.detach()
-    probs = torch.sigmoid(final / temperature)
-    return DBMResult(final, probs, probs > 0.5, history, forward_passes=steps)
+    probs = torch.sigmoid(final / tau)
+    gap = float((probs - probs.round()).abs().mean())
+    return DBMResult(final, probs, probs > 0.5, history, forward_passes=steps, gap=gap)
 
 
 # --- necessity and sufficiency --------------------------------------------------------------------

@@ -43,6 +43,8 @@ class DBMSettings:
     temperature: float = 1.0
     sparsity: float = 0.05
     seed: int = 0
+    final_temperature: float | None = None  # anneal τ to this (binary masks); None: constant
+    straight_through: bool = False  # hard masks forward, sigmoid gradient backward
 
 
 @dataclass(frozen=True)
@@ -148,12 +150,23 @@ def analyse(
         raise ForgetlessError("--counterfactual corrupt: corrupted prompts change token length")
     cf = counterfactual(model, batch, kind, corrupt)
     torch.manual_seed(dbm.seed)
-    result = train_masks(model, batch, cf, dbm.steps, dbm.lr, dbm.temperature, dbm.sparsity)
+    result = train_masks(
+        model,
+        batch,
+        cf,
+        dbm.steps,
+        dbm.lr,
+        dbm.temperature,
+        dbm.sparsity,
+        final_temperature=dbm.final_temperature,
+        straight_through=dbm.straight_through,
+    )
     effects = head_effects(model, batch, cf, fitting_chunk(model, batch, chunk))
     return {
         "cf": cf,
         "probs": result.probs.cpu(),
         "binary": result.binary.cpu(),
+        "mask_gap": result.gap,
         "m_full": effects.full,
         "m_empty": effects.empty,
         "m_circuit": behaviour(model, batch, result.binary.float(), cf),
@@ -169,6 +182,7 @@ def _row(label: str, a: dict[str, Any], base: dict[str, Any] | None, th: Thresho
         "circuit_size": cm.circuit_size(a["binary"]),
         "circuit_fraction": cm.circuit_fraction(a["binary"]),
         "faithfulness": cm.faithfulness(a["m_circuit"], a["m_empty"], a["m_full"]),
+        "mask_gap": a["mask_gap"],
         "m_full": a["m_full"],
         "m_empty": a["m_empty"],
         "m_circuit": a["m_circuit"],
