@@ -58,6 +58,11 @@ def test_diagnose_attribution_writes_maps_and_overlaps(
     assert data["random_jaccard"] == pytest.approx(0.1 / 1.9)
     stored = json.loads((seq / "attribution.json").read_text())
     assert stored["sequential_mean"] == data["sequential_mean"]
+    (base_pair,) = data["same_model_base"]  # the control: both maps on one untrained model
+    assert sorted(base_pair["tasks"]) == ["cipher", "reverse"]
+    assert len(data["same_model_independent"]) == 2  # one pair on each one-task model
+    for key in ("same_model_base_mean", "same_model_independent_mean"):
+        assert 0 <= data[key] <= 1
 
 
 def test_cli_names_a_missing_run(tmp_path: Path) -> None:

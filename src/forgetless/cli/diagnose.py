@@ -79,11 +79,15 @@ def attribution(
     samples: Annotated[int, typer.Option(help="Training samples scored per task.")] = 32,
     top: Annotated[float, typer.Option(help="Top-K fraction of the map normalization.")] = 0.01,
     overlap: Annotated[float, typer.Option(help="Top fraction whose sets are compared.")] = 0.05,
+    same_model: Annotated[
+        bool,
+        typer.Option(help="The control: every task's map on the base and on each --independent."),
+    ] = True,
 ) -> None:
     """Per task: the LRP importance map's summary; the overlap of tasks' important sets."""
     from forgetless.diagnostics.diagnose_attribution import diagnose_attribution
 
-    data = diagnose_attribution(run_dir, independent, out, samples, top, overlap)
+    data = diagnose_attribution(run_dir, independent, out, samples, top, overlap, same_model)
     table = Table(title="Importance map per task (on the checkpoint after it)")
     for column in ["task", "correct/scored", "mean R", "share R > 0.5", "s/sample"]:
         table.add_column(column)
@@ -106,6 +110,12 @@ def attribution(
         for pair in data.get(kind, []):
             pairs.add_row(kind, " / ".join(pair["tasks"]), _fmt(pair["jaccard"]["overall"], 3))
     console.print(pairs)
+    for key, label in (
+        ("same_model_base_mean", "all tasks' maps on the base"),
+        ("same_model_independent_mean", "all tasks' maps on each one-task model"),
+    ):
+        if data.get(key) is not None:
+            console.print(f"same-model control, {label}: Jaccard {data[key]:.3f}")
     console.print(f"attribution: {out or run_dir / 'attribution.json'}")
 
 

@@ -129,8 +129,16 @@ def diagnose_attribution(
     samples: int = 32,
     top: float = 0.01,
     overlap_fraction: float = 0.05,
+    same_model: bool = True,
 ) -> dict[str, Any]:
-    """Per-task maps of ``run_dir``, the sequential overlap, and the independent one if given."""
+    """Per-task maps of ``run_dir``, the sequential overlap, and the independent one if given.
+
+    ``same_model`` adds the control: every task's map on one model, the base
+    (``same_model_base``) and each independent run's model (``same_model_independent``). The
+    sequential maps all come from one model while the independent ones come from several, and
+    ``R = θ ⊙ ∂θ`` shares ``|θ|`` within a model; overlap on one model that was never trained
+    on the sequence says how much of the sequential overlap that alone explains.
+    """
     cfg, results = load_run(run_dir)
     from forgetless.training.runner import load_tasks
 
@@ -157,6 +165,13 @@ def diagnose_attribution(
         "sequential": pairwise(final_maps, overlap_fraction),
     }
     data["sequential_mean"] = mean_overall(data["sequential"])
+    if same_model:
+        data.update(_same_model_control(cfg, run_dir, tasks[:done], independent, samples, top))
+        data["same_model_base"] = pairwise(data.pop("base_maps"), overlap_fraction)
+        data["same_model_base_mean"] = mean_overall(data["same_model_base"])
+        per_model = [pairwise(m, overlap_fraction) for m in data.pop("independent_model_maps")]
+        data["same_model_independent"] = [p for pairs in per_model for p in pairs]
+        data["same_model_independent_mean"] = mean_overall(data["same_model_independent"])
     if independent:
         data["independent"] = pairwise(
             _independent_maps(independent, samples, top), overlap_fraction
@@ -164,6 +179,33 @@ def diagnose_attribution(
         data["independent_mean"] = mean_overall(data["independent"])
     atomic_write_json(out or run_dir / "attribution.json", data)
     return data
+
+
+def _same_model_control(
+    cfg: RunConfig,
+    run_dir: Path,
+    tasks: list[Task],
+    independent: list[Path] | None,
+    samples: int,
+    top: float,
+) -> dict[str, Any]:
+    """Every task's map on the base model, and on each independent run's final model."""
+    base, tokenizer = checkpoint_model(cfg, run_dir, [t.name for t in tasks], 0)
+    base_maps = {t.name: task_map(base, tokenizer, t, cfg, samples, top)[0] for t in tasks}
+    models = []
+    for other in independent or []:
+        other_cfg, results = load_run(other)
+        other_tasks = load_tasks_of(other_cfg)
+        done = int(results.get("completed_tasks", 0))
+        model, tok = checkpoint_model(other_cfg, other, [t.name for t in other_tasks], done)
+        models.append({t.name: task_map(model, tok, t, cfg, samples, top)[0] for t in tasks})
+    return {"base_maps": base_maps, "independent_model_maps": models}
+
+
+def load_tasks_of(cfg: RunConfig) -> list[Task]:
+    from forgetless.training.runner import load_tasks
+
+    return load_tasks(cfg.tasks, cfg)
 
 
 def _independent_maps(run_dirs: list[Path], samples: int, top: float) -> dict[str, Maps]:
