@@ -129,6 +129,8 @@ def test_gcwm_merges_the_active_updates_with_the_correction() -> None:
         model.norm, start["norm"] + updates[0]["norm"] + updates[1]["norm"], atol=1e-5
     )
     assert stats.details["gcwm_layers"] == 1
+    (layer,) = stats.details["gcwm_per_layer"].values()  # the gate's distribution, per layer
+    assert layer["gate"] == pytest.approx(stats.details["gcwm_gate_mean"])
 
 
 @pytest.mark.parametrize(("name", "fields"), [("ties", {}), ("opcm", {}), ("gcwm", {"rank": 3})])

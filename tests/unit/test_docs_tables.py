@@ -52,3 +52,10 @@ def test_claim_rows_take_their_verdict_from_the_paired_interval() -> None:
     assert claim_row(claim, one, render_tables._metric)[1] == "exploratory"
     sections = {c["section"] for c in load_claims()}
     assert {"baselines-tiny", "baselines-real"} <= sections
+
+
+def test_claim_texts_do_not_break_their_table() -> None:
+    from claims_table import load_claims
+
+    for claim in load_claims():
+        assert "|" not in claim["claim"] + claim["source"], claim["claim"]

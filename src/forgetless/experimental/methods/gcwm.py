@@ -63,7 +63,7 @@ class GCWM(Method[GCWMConfig]):
         def increment(deltas: Tensors, _: Stage) -> Tensors:
             opts = self.config.options()
             own: dict[str, dict[str, Any]] = {}
-            out, conflicts, gates = {}, [], []
+            out, conflicts, gates, per_layer = {}, [], [], {}
             for name, delta in deltas.items():
                 out[name] = self.config.scaling * delta
                 if not is_block_matrix(name, delta):
@@ -85,12 +85,14 @@ class GCWM(Method[GCWMConfig]):
                 }
                 conflicts.append(layer.conflict)
                 gates.append(layer.gate)
+                per_layer[name] = {"conflict": layer.conflict, "gate": layer.gate}
             self.updates.append(own)
             if conflicts:
                 details.update(
                     gcwm_conflict_mean=sum(conflicts) / len(conflicts),
                     gcwm_gate_mean=sum(gates) / len(gates),
                     gcwm_layers=len(conflicts),
+                    gcwm_per_layer=per_layer,
                 )
             return out
 
