@@ -17,8 +17,10 @@ from forgetless.cli.app import main
 from forgetless.config.loading import validate_config
 from forgetless.diagnostics.diagnose_geometry import (
     fisher_interval,
+    loglik_changes,
     pearson,
     retention_changes,
+    run_level,
     spearman,
 )
 from forgetless.diagnostics.geometry import (
@@ -30,6 +32,7 @@ from forgetless.diagnostics.geometry import (
     lora_update,
     normalized_bw_sq,
     pairwise_conflict,
+    subspace_alignment,
     trace_normalized,
 )
 from forgetless.training.runner import Runner
@@ -136,6 +139,39 @@ def test_stats_helpers() -> None:
     assert pearson([1.0, 2.0], [1.0, 2.0]) is None
 
 
+def test_loglik_change_counts_only_tasks_still_retained() -> None:
+    matrix = [[0.0, 0.0, 0.0], [0.8, 0.0, 0.0], [0.0, 0.9, 0.0], [0.0, 0.5, 0.7]]
+    loglik = [[-5.0, -5.0, -5.0], [-1.0, -4.0, -5.0], [-3.0, -0.5, -5.0], [-6.0, -2.0, -0.4]]
+    # task 2 moves task 1 (retained at 0.8) by −2; task 3 moves only task 2 (task 1 sits at 0)
+    assert loglik_changes(loglik, matrix) == [None, pytest.approx(-2.0), pytest.approx(-1.5)]
+
+
+def test_subspace_alignment_is_the_share_inside_the_states_top_directions() -> None:
+    state = Geometry(torch.eye(D, dtype=torch.float64)[:, :3] * torch.tensor([3.0, 2.0, 1.0]))
+    second = Geometry(torch.eye(D, dtype=torch.float64)[:, 1:2])
+    outside = Geometry(torch.eye(D, dtype=torch.float64)[:, 10:11])
+    assert subspace_alignment(second, state) == pytest.approx(0.0)  # k = 1: only the top one
+    top = Geometry(torch.eye(D, dtype=torch.float64)[:, :1] * 5.0)
+    assert subspace_alignment(top, state) == pytest.approx(1.0)
+    assert subspace_alignment(outside, state) == pytest.approx(0.0)
+    half = Geometry(
+        torch.eye(D, dtype=torch.float64)[:, :1] + torch.eye(D, dtype=torch.float64)[:, 10:11]
+    )
+    assert subspace_alignment(half, state) == pytest.approx(0.5)
+
+
+def test_run_level_takes_one_correlation_per_run() -> None:
+    rows = [
+        {"run": run, "sar": float(i), "retention_change_loglik": sign * float(i)}
+        for run, sign in (("a", 1.0), ("b", 1.0), ("c", -1.0))
+        for i in range(5)
+    ]
+    found = run_level(rows, "retention_change_loglik")["sar"]
+    assert found["runs"] == 3
+    assert found["spearman"]["mean"] == pytest.approx(1 / 3)
+    assert run_level(rows[:3], "retention_change_loglik")["sar"]["runs"] == 0  # too few points
+
+
 @pytest.mark.parametrize(
     "finetune", [{"mode": "full"}, {"mode": "lora", "lora": {"regime": "carry", "r": 2}}]
 )
@@ -166,5 +202,7 @@ def test_diagnose_geometry_end_to_end(
             assert 0.0 <= row[key] <= 1.0
         assert row["retention_change"] is not None
     assert set(data["correlations"]) >= {"update_norm", "state_conflict", "pairwise_conflict"}
+    assert "sar" in data["correlations_loglik"] and "sar" in data["run_level"]
+    assert all(0.0 <= row["sar"] <= 1.0 + 1e-9 for row in rows[1:])
     assert (run_dir / "geometry.png").is_file()
     assert not list(run_dir.glob(".geometry*"))

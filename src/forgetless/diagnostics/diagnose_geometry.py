@@ -34,6 +34,7 @@ from forgetless.diagnostics.geometry import (
     geometry_from_lowrank,
     pairwise_conflict,
     state_conflict,
+    subspace_alignment,
 )
 from forgetless.errors import ForgetlessError
 
@@ -45,6 +46,7 @@ SIGNALS = (
     "state_conflict_tn",
     "state_conflict_fw",
     "state_conflict_tn_fw",
+    "sar",
 )
 
 
@@ -63,6 +65,7 @@ class TaskAccumulator:
     state_tn: list[float] = field(default_factory=list)
     pairwise: dict[int, list[float]] = field(default_factory=dict)
     pairwise_tn: dict[int, list[float]] = field(default_factory=dict)
+    sar: list[float] = field(default_factory=list)
 
 
 def load_results(run_dir: Path) -> dict[str, Any]:
@@ -79,6 +82,25 @@ def retention_changes(matrix: list[list[float]]) -> list[float | None]:
     for t in range(1, len(matrix)):
         past = range(t - 1)
         diffs = [matrix[t][j] - matrix[t - 1][j] for j in past]
+        out.append(sum(diffs) / len(diffs) if diffs else None)
+    return out
+
+
+def loglik_changes(
+    loglik: list[list[float | None]], matrix: list[list[float]]
+) -> list[float | None]:
+    """A continuous ΔR: per task t, the mean change of the gold answers' log-likelihood on the
+    past tasks still retained before t (accuracy above 0 then). Accuracy changes say nothing
+    once a task sits at 0, and averaging those zeros in makes later positions look harmless."""
+    out: list[float | None] = []
+    for t in range(1, min(len(loglik), len(matrix))):
+        diffs = [
+            now - before
+            for j in range(t - 1)
+            if matrix[t - 1][j] > 0
+            and (now := loglik[t][j]) is not None
+            and (before := loglik[t - 1][j]) is not None
+        ]
         out.append(sum(diffs) / len(diffs) if diffs else None)
     return out
 
@@ -200,10 +222,12 @@ def task_signals(run_dir: Path, rank: int = 64) -> list[dict[str, Any]]:
             a.weights.append(norm)
             a.state.append(state_conflict(geom, state))
             a.state_tn.append(state_conflict(geom, state, normalize_trace=True))
+            a.sar.append(subspace_alignment(geom, state))
             for j in range(t):
                 a.pairwise.setdefault(j, []).append(pairwise_conflict(geom, updates[j]))
                 a.pairwise_tn.setdefault(j, []).append(pairwise_conflict(geom, updates[j], True))
     delta_r = retention_changes(results["accuracy_matrix"])
+    delta_ll = loglik_changes(results.get("loglik") or [], results["accuracy_matrix"])
     rows = []
     for t, a in enumerate(acc):
         pair = [aggregate(v) for v in a.pairwise.values()]
@@ -221,8 +245,10 @@ def task_signals(run_dir: Path, rank: int = 64) -> list[dict[str, Any]]:
                 "state_conflict_tn": aggregate(a.state_tn),
                 "state_conflict_fw": aggregate(a.state, a.weights),
                 "state_conflict_tn_fw": aggregate(a.state_tn, a.weights),
+                "sar": aggregate(a.sar),
                 "layers": len(a.energies),
                 "retention_change": delta_r[t] if t < len(delta_r) else None,
+                "retention_change_loglik": delta_ll[t] if t < len(delta_ll) else None,
             }
         )
     return rows
@@ -269,24 +295,54 @@ def fisher_interval(r: float | None, n: int, z_crit: float = 1.959964) -> list[f
     return [math.tanh(z - half), math.tanh(z + half)]
 
 
-def correlations(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Pearson and Spearman of each signal with ΔR over rows where both are defined."""
+def defined_pairs(
+    rows: list[dict[str, Any]], signal: str, target: str
+) -> tuple[list[float], list[float]]:
+    """The (signal, target) values of the rows where both are defined."""
+    kept = [r for r in rows if r.get(signal) is not None and r.get(target) is not None]
+    return [r[signal] for r in kept], [r[target] for r in kept]
+
+
+def correlations(
+    rows: list[dict[str, Any]], target: str = "retention_change"
+) -> dict[str, dict[str, Any]]:
+    """Pearson and Spearman of each signal with ΔR (``target``) over rows where both are defined
+    (pooled: the points of one run are not independent, see ``run_level``)."""
     out: dict[str, dict[str, Any]] = {}
     for signal in SIGNALS:
-        pairs = [
-            (r[signal], r["retention_change"])
-            for r in rows
-            if r[signal] is not None and r["retention_change"] is not None
-        ]
-        x, y = [p[0] for p in pairs], [p[1] for p in pairs]
+        x, y = defined_pairs(rows, signal, target)
         p, s = pearson(x, y), spearman(x, y)
         out[signal] = {
-            "n": len(pairs),
+            "n": len(x),
             "pearson": p,
-            "pearson_ci95": fisher_interval(p, len(pairs)),
+            "pearson_ci95": fisher_interval(p, len(x)),
             "spearman": s,
-            "spearman_ci95": fisher_interval(s, len(pairs)),
+            "spearman_ci95": fisher_interval(s, len(x)),
         }
+    return out
+
+
+def run_level(
+    rows: list[dict[str, Any]], target: str, min_points: int = 4
+) -> dict[str, dict[str, Any]]:
+    """Each signal's Spearman with ``target`` within each run (runs with at least
+    ``min_points`` defined points), then the mean and 95% t-interval over runs: the run is the
+    unit, where pooling treats a run's tasks as independent draws."""
+    from forgetless.bench.stats import mean_interval
+
+    by_run: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_run.setdefault(row["run"], []).append(row)
+    out: dict[str, dict[str, Any]] = {}
+    for signal in SIGNALS:
+        per_run = []
+        for run_rows in by_run.values():
+            x, y = defined_pairs(run_rows, signal, target)
+            rho = spearman(x, y) if len(x) >= min_points else None
+            if rho is not None:
+                per_run.append(rho)
+        found = mean_interval(per_run)
+        out[signal] = {"runs": len(per_run), "spearman": found.as_dict() if found else None}
     return out
 
 
@@ -332,6 +388,8 @@ def diagnose_runs(run_dirs: list[Path], out: Path | None = None, rank: int = 64)
         "svd_rank": rank,
         "rows": rows,
         "correlations": correlations(rows),
+        "correlations_loglik": correlations(rows, "retention_change_loglik"),
+        "run_level": run_level(rows, "retention_change_loglik"),
         "plot": str(target.with_suffix(".png")),
     }
     plot_conflict(rows, target.with_suffix(".png"))

@@ -120,6 +120,23 @@ def state_conflict(update: Geometry, state: Geometry, normalize_trace: bool = Fa
     return pairwise_conflict(update, state, normalize_trace)
 
 
+def subspace_alignment(update: Geometry, state: Geometry) -> float:
+    """SAR: the share of the update's energy inside the state's dominant right subspace.
+
+    ``‖Q_kᵀ G_u‖²_F / ‖G_u‖²_F``, with ``Q_k`` the state's top ``k`` right singular directions
+    and ``k`` the update's rank (its factor's width): 1 when the update moves within the
+    directions the state already moved most, about ``k / d`` for an unrelated one. The geometry
+    paper compares its state conflict against this ratio as a predictor.
+    """
+    total = float(update.factor.pow(2).sum())
+    if total == 0 or float(state.factor.pow(2).sum()) == 0:
+        return 0.0
+    u, s, _ = torch.linalg.svd(state.factor.to(DTYPE), full_matrices=False)
+    k = min(update.factor.size(1), int((s > s[0] * 1e-10).sum()))
+    inside = u[:, :k].T @ update.factor.to(DTYPE)
+    return float(inside.pow(2).sum()) / total
+
+
 def aggregate(values: Sequence[float], weights: Sequence[float] | None = None) -> float | None:
     """Mean over layers, or a weighted mean (e.g. by ``‖Δ_t‖_F`` per layer); None if empty."""
     if not values:
