@@ -3,9 +3,10 @@
     python benchmarks/real_diagnostics.py RUN_DIR [--only geometry,attribution,circuits,sae]
 
 RUN_DIR is a finished `--preset smollm2` run (e.g. a campaign run's folder). The commands:
-``diagnose geometry RUN_DIR``; ``diagnose attribution RUN_DIR --samples 16``; ``export`` of the
-last task's model, then ``diagnose circuits`` of the base and that model on the question set's
-free answers (all 270 heads); ``sae train --preset smollm2`` into a scratch folder. Writes
+``diagnose geometry RUN_DIR``; ``diagnose attribution RUN_DIR --samples 8`` (with its same-model
+control); ``export`` of the last task's model, then ``diagnose circuits`` of the base and that
+model on the question set's free answers (all 270 heads); ``sae train --preset smollm2 --steps
+1500 --expansion 4`` into a scratch folder. Writes
 ``benchmarks/results/real_diagnostics.json`` (seconds, the command, its output's summary, the
 commit and the machine); a re-run skips the commands already in it for the same run.
 """
@@ -29,6 +30,8 @@ from forgetless.core.storage import atomic_write_json
 
 OUT = Path(__file__).parent / "results" / "real_diagnostics.json"
 CLI = [sys.executable, "-m", "forgetless"]
+SAE = ["--steps", "1500", "--expansion", "4", "--quiet"]
+"""Half the default steps and width: D = 2304 features of the 576-wide MLP output."""
 
 
 def commands(run: Path, scratch: Path) -> dict[str, list[list[str]]]:
@@ -37,9 +40,9 @@ def commands(run: Path, scratch: Path) -> dict[str, list[list[str]]]:
     circuits = ["--behaviour", "gk-short", "--n", "16", "--out", str(scratch / "circuits.json")]
     return {
         "geometry": [["diagnose", "geometry", str(run), *out["geometry"]]],
-        "attribution": [["diagnose", "attribution", str(run), "--samples=16", *out["attribution"]]],
+        "attribution": [["diagnose", "attribution", str(run), "--samples=8", *out["attribution"]]],
         "circuits": [["export", str(run), model], ["diagnose", "circuits", base, model, *circuits]],
-        "sae": [["sae", "train", "--preset", "smollm2", "--out", str(scratch / "sae"), "--quiet"]],
+        "sae": [["sae", "train", "--preset", "smollm2", *SAE, "--out", str(scratch / "sae")]],
     }
 
 
