@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -148,3 +149,26 @@ def test_campaign_keeps_runs_and_skips_what_is_kept(
         sweep.run_bench(
             changed, variants, 1, 1, tmp_path / "c", Console(quiet=True), False, 0, kept
         )
+
+
+def test_jobs_give_the_sequential_table(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Two worker processes, one thread per run: the same runs, metrics and order as one."""
+    from rich.console import Console
+
+    from forgetless.bench import sweep
+
+    base = tiny_run_config(tiny_model_dir, tasks=["reverse"])
+    variants = [parse_variant("seq_ft"), parse_variant("seq_ft@train.lr=1e-4")]
+    quiet = Console(quiet=True)
+    kept = tmp_path / "kept"
+    one = sweep.run_bench(base, variants, 2, 1, tmp_path / "one", quiet, False, threads=1)
+    two = sweep.run_bench(
+        base, variants, 2, 1, tmp_path / "two", quiet, False, campaign=kept, jobs=2, threads=1
+    )
+
+    def strip(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{k: v for k, v in r.items() if k not in ("folder", "train_seconds")} for r in runs]
+
+    assert strip(two["runs"]) == strip(one["runs"])
+    assert [r["seed"] for r in two["runs"]] == [0, 1, 0, 1]
+    assert len(list(kept.glob("cpu/*/s*.json"))) == 4  # kept by the parent as each finished

@@ -6,9 +6,11 @@ import copy
 from pathlib import Path
 from typing import Any
 
+import torch
 from rich.console import Console
 
 from forgetless.bench.campaign import config_key, load_record, record_path, save_record
+from forgetless.bench.jobs import Job, run_parallel, threads_per_job
 from forgetless.bench.stats import Interval, mean_interval, separated
 from forgetless.bench.variants import Variant, run_folder_name, task_order
 from forgetless.config.loading import apply_override, validate_config
@@ -121,23 +123,47 @@ def run_bench(
     progress: bool = True,
     first_seed: int = 0,
     campaign: Path | None = None,
+    jobs: int = 1,
+    threads: int | None = None,
 ) -> dict[str, Any]:
     """Run every planned config; with ``campaign``, keep each finished run there and skip the
-    runs kept under the same config (``forgetless.bench.campaign``)."""
+    runs kept under the same config (``forgetless.bench.campaign``). ``jobs`` > 1 runs them in
+    that many worker processes with ``threads`` CPU threads each (``forgetless.bench.jobs``)."""
     planned = plan_runs(base, variants, seeds, orders, out_dir, first_seed)
-    runs = []
-    for number, (variant, folder, cfg) in enumerate(planned, start=1):
+    summaries: dict[int, dict[str, Any]] = {}
+    todo: list[Job] = []
+
+    def finished(position: int, results: dict[str, Any]) -> None:
+        variant, folder, cfg = planned[position]
+        summaries[position] = _run_summary(variant, folder, results)
+        kept = campaign and record_path(campaign, folder.parent.name, folder.name)
+        if kept:
+            save_record(kept, cfg, summaries[position], results)
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    for position, (variant, folder, cfg) in enumerate(planned):
+        label = f"bench run {position + 1}/{len(planned)}"
         kept = campaign and record_path(campaign, folder.parent.name, folder.name)
         record = load_record(kept, config_key(cfg)) if kept else None
         if record is not None:
-            console.print(f"bench run {number}/{len(planned)}: {variant.name} kept in {kept}")
-            runs.append(record["summary"])
-            continue
-        console.print(f"[bold]bench run {number}/{len(planned)}[/]: {variant.name} → {folder}")
-        results = Runner(cfg, folder, console, progress=progress).run().to_json()
-        runs.append(_run_summary(variant, folder, results))
-        if kept:
-            save_record(kept, cfg, runs[-1], results)
+            console.print(f"{label}: {variant.name} kept in {kept}")
+            summaries[position] = record["summary"]
+        elif jobs > 1:
+            todo.append((position, cfg.model_dump(mode="json"), folder))
+        else:
+            console.print(f"[bold]{label}[/]: {variant.name} → {folder}")
+            finished(position, Runner(cfg, folder, console, progress=progress).run().to_json())
+    if todo:
+        per_job = threads_per_job(jobs, threads)
+        console.print(f"{len(todo)} runs on {jobs} workers, {per_job} thread(s) each")
+
+        def announce(position: int, results: dict[str, Any]) -> None:
+            finished(position, results)
+            console.print(f"finished {planned[position][0].name} → {planned[position][1]}")
+
+        run_parallel(todo, jobs, per_job, announce)
+    runs = [summaries[i] for i in range(len(planned))]
     bench = {
         "schema_version": 1,
         "seeds": seeds,

@@ -208,6 +208,13 @@ def bench(
             "kept under the same config: a bench that resumes on a fresh clone."
         ),
     ] = None,
+    jobs: Annotated[
+        int, typer.Option(min=1, help="Runs in parallel, each in its own worker process.")
+    ] = 1,
+    threads: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option(min=1, help="CPU threads per run (default: the cores shared out by --jobs)."),
+    ] = None,
 ) -> None:
     """Run methods side by side on one sequence, seeds and budget; write bench.json + report."""
     from forgetless.bench.sweep import run_bench
@@ -240,6 +247,8 @@ def bench(
         progress=not quiet,
         first_seed=section.first_seed if first_seed is None else first_seed,
         campaign=campaign,
+        jobs=jobs,
+        threads=threads,
     )
     console.print(bench_screen_table(result["rows"]))
     md_path, html_path = write_report(out_dir)
