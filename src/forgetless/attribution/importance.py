@@ -81,11 +81,21 @@ class MapAccumulator:
         self.sums: dict[str, torch.Tensor] = {}
         self.count = 0
 
-    def add(self, relevance: Maps) -> None:
-        for name, value in relevance.items():
-            norm = normalize_relevance(
+    def normalize(self, relevance: Maps) -> dict[str, torch.Tensor]:
+        """One sample's relevance, normalized per tensor."""
+        return {
+            name: normalize_relevance(
                 value, self.top_fraction, self.log_scale, self.sign, self.scaling
             )
+            for name, value in relevance.items()
+        }
+
+    def add(self, relevance: Maps) -> None:
+        self.add_normalized(self.normalize(relevance))
+
+    def add_normalized(self, maps: Maps) -> None:
+        """Add a sample already normalized (by an accumulator of the same settings)."""
+        for name, norm in maps.items():
             self.sums[name] = self.sums[name] + norm if name in self.sums else norm
         self.count += 1
 

@@ -77,9 +77,10 @@ def task_map(
     with relevance_session(model) as score:
         for feat in feats:
             result = score(collate([feat], tokenizer.pad_token_id))
-            every.add(result.relevance)
+            normalized = every.normalize(result.relevance)  # once, for both means
+            every.add_normalized(normalized)
             if result.correct:
-                correct.add(result.relevance)
+                correct.add_normalized(normalized)
     seconds = (time.perf_counter() - start) / max(1, len(feats))
     chosen = correct if correct.count else every
     maps = chosen.mean()
