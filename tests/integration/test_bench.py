@@ -158,7 +158,7 @@ def test_jobs_give_the_sequential_table(tiny_model_dir: Path, tmp_path: Path) ->
     from forgetless.bench import sweep
 
     base = tiny_run_config(tiny_model_dir, tasks=["reverse"])
-    variants = [parse_variant("seq_ft"), parse_variant("seq_ft@train.lr=1e-4")]
+    variants = [parse_variant("seq_ft")]
     quiet = Console(quiet=True)
     kept = tmp_path / "kept"
     one = sweep.run_bench(base, variants, 2, 1, tmp_path / "one", quiet, False, threads=1)
@@ -170,5 +170,18 @@ def test_jobs_give_the_sequential_table(tiny_model_dir: Path, tmp_path: Path) ->
         return [{k: v for k, v in r.items() if k not in ("folder", "train_seconds")} for r in runs]
 
     assert strip(two["runs"]) == strip(one["runs"])
-    assert [r["seed"] for r in two["runs"]] == [0, 1, 0, 1]
-    assert len(list(kept.glob("cpu/*/s*.json"))) == 4  # kept by the parent as each finished
+    assert [r["seed"] for r in two["runs"]] == [0, 1]
+    assert len(list(kept.glob("cpu/*/s*.json"))) == 2  # kept by the parent as each finished
+
+
+def test_jobs_are_refused_under_a_distributed_launch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rich.console import Console
+
+    from forgetless.bench import sweep
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    base, quiet = tiny_run_config(tmp_path / "model", tasks=["reverse"]), Console(quiet=True)
+    with pytest.raises(ConfigError, match="not under a distributed launch"):
+        sweep.run_bench(base, [parse_variant("seq_ft")], 1, 1, tmp_path, quiet, jobs=2)

@@ -1,9 +1,10 @@
 """Bench runs spread over worker processes on one machine (``forgetless bench --jobs N``).
 
 Each run is independent (its own config, seed and folder), so N workers can take them in any
-order. Each worker process runs one run at a time with a fixed number of CPU threads, so a run's
-result does not depend on N; the parent keeps the plan's order when it aggregates, so
-``bench.json`` is the same as a sequential sweep's (wall times aside).
+order. Each worker process runs one run at a time with a fixed number of CPU threads (and, on a
+GPU machine, its own device), so a run's result does not depend on N; the parent keeps the
+plan's order when it aggregates, so ``bench.json`` is the same as a sequential sweep's (wall
+times aside).
 """
 
 from __future__ import annotations
@@ -15,8 +16,15 @@ from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
+from forgetless.errors import ConfigError
+
 Job = tuple[int, dict[str, Any], Path]
 """(position in the plan, the run's validated config as JSON data, its output folder)."""
+
+LAUNCHER_VARIABLES = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+"""Set by torchrun / accelerate launch: a worker must not join the launcher's process group."""
+
+_worker_slot = 0
 
 
 def threads_per_job(jobs: int, threads: int | None) -> int:
@@ -24,6 +32,23 @@ def threads_per_job(jobs: int, threads: int | None) -> int:
     if threads is not None:
         return threads
     return max(1, (os.cpu_count() or 1) // jobs)
+
+
+def check_jobs(jobs: int) -> None:
+    """``--jobs`` spreads runs over local processes; under a distributed launch every rank
+    would start its own pool, so it is refused there."""
+    if jobs > 1 and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ConfigError("bench --jobs: not under a distributed launch (WORLD_SIZE > 1)")
+
+
+def _start_worker(counter: Any) -> None:
+    """Each worker takes the next slot: its GPU on a GPU machine (slot mod device count)."""
+    global _worker_slot
+    with counter.get_lock():
+        _worker_slot = counter.value
+        counter.value += 1
+    for name in LAUNCHER_VARIABLES:
+        os.environ.pop(name, None)
 
 
 def run_job(config: dict[str, Any], folder: str, threads: int) -> dict[str, Any]:
@@ -35,6 +60,8 @@ def run_job(config: dict[str, Any], folder: str, threads: int) -> dict[str, Any]
     from forgetless.training.runner import Runner
 
     torch.set_num_threads(threads)
+    if torch.cuda.is_available():
+        torch.cuda.set_device(_worker_slot % torch.cuda.device_count())
     cfg = validate_config(config, f"bench run {folder}")
     return Runner(cfg, Path(folder), Console(quiet=True), progress=False).run().to_json()
 
@@ -45,14 +72,20 @@ def run_parallel(
     threads: int,
     on_done: Callable[[int, dict[str, Any]], None],
 ) -> None:
-    """Run ``jobs`` on ``workers`` processes (spawned: no state is shared with the parent) and
-    call ``on_done(position, results)`` in the parent as each finishes. A failing run stops the
-    sweep with its error once the runs already started have ended."""
+    """Run ``jobs`` on ``workers`` spawned processes (no state shared with the parent) and call
+    ``on_done(position, results)`` in the parent as each finishes. A failing run cancels the
+    runs not started yet and raises once the running ones have ended."""
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+    counter = context.Value("i", 0)
+    with ProcessPoolExecutor(workers, context, _start_worker, (counter,)) as pool:
         pending: dict[Future[dict[str, Any]], int] = {
             pool.submit(run_job, config, str(folder), threads): position
             for position, config, folder in jobs
         }
-        for future in as_completed(pending):
-            on_done(pending[future], future.result())
+        try:
+            for future in as_completed(pending):
+                on_done(pending[future], future.result())
+        except BaseException:
+            for future in pending:
+                future.cancel()
+            raise

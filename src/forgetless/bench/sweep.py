@@ -10,7 +10,7 @@ import torch
 from rich.console import Console
 
 from forgetless.bench.campaign import config_key, load_record, record_path, save_record
-from forgetless.bench.jobs import Job, run_parallel, threads_per_job
+from forgetless.bench.jobs import Job, check_jobs, run_parallel, threads_per_job
 from forgetless.bench.stats import Interval, mean_interval, separated
 from forgetless.bench.variants import Variant, run_folder_name, task_order
 from forgetless.config.loading import apply_override, validate_config
@@ -129,6 +129,7 @@ def run_bench(
     """Run every planned config; with ``campaign``, keep each finished run there and skip the
     runs kept under the same config (``forgetless.bench.campaign``). ``jobs`` > 1 runs them in
     that many worker processes with ``threads`` CPU threads each (``forgetless.bench.jobs``)."""
+    check_jobs(jobs)
     planned = plan_runs(base, variants, seeds, orders, out_dir, first_seed)
     summaries: dict[int, dict[str, Any]] = {}
     todo: list[Job] = []
