@@ -85,6 +85,23 @@ def test_sharded_launch_is_refused_in_one_line(monkeypatch: Any, kind: str) -> N
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize(
+    ("flag", "kind"), [("ACCELERATE_USE_FSDP", "FSDP"), ("ACCELERATE_USE_DEEPSPEED", "DEEPSPEED")]
+)
+def test_a_sharded_launch_is_read_from_accelerates_flags(
+    monkeypatch: Any, flag: str, kind: str
+) -> None:
+    """PartialState says MULTI_CPU under `accelerate launch --use_fsdp` on CPU: the launch's own
+    flag still refuses it, instead of a silently replicated run."""
+    fake = SimpleNamespace(distributed_type="DistributedType.MULTI_CPU", device=torch.device("cpu"))
+    monkeypatch.setattr(distributed, "PartialState", lambda: fake)
+    monkeypatch.setenv(flag, "true")
+    with pytest.raises(ConfigError, match=rf"distributed_type {kind} shards the model"):
+        distributed.start()
+    monkeypatch.setenv(flag, "false")
+    assert distributed.start() is fake
+
+
 def test_cpu_launch_without_mpi_is_warned_about(monkeypatch: Any) -> None:
     monkeypatch.setenv("ACCELERATE_USE_CPU", "True")
     monkeypatch.setenv("MASTER_PORT", "29500")

@@ -76,10 +76,22 @@ def main_first(build: Callable[[], T]) -> T:
     return out
 
 
+SHARDED_LAUNCH_FLAGS = {
+    "ACCELERATE_USE_FSDP": "FSDP",
+    "ACCELERATE_USE_DEEPSPEED": "DEEPSPEED",
+    "ACCELERATE_USE_MEGATRON_LM": "MEGATRON_LM",
+}
+"""What ``accelerate launch`` sets for a sharded config. ``PartialState`` reports only DeepSpeed
+and XLA (FSDP is decided later, by ``AcceleratorState``, and on CPU not at all), so a sharded
+launch is read from these too."""
+
+
 def start() -> PartialState:
     """Join the process group that ``accelerate launch`` set up (a no-op for one process)."""
     state = PartialState()
     kind = str(state.distributed_type).rsplit(".", 1)[-1]
+    flagged = [v for k, v in SHARDED_LAUNCH_FLAGS.items() if _truthy(os.environ.get(k, ""))]
+    kind = flagged[0] if flagged else kind
     if kind in SHARDED_TYPES:
         raise ConfigError(
             f"accelerate config: distributed_type {kind} shards the model, which forgetless does "
@@ -87,6 +99,10 @@ def start() -> PartialState:
             "(see examples/accelerate/)"
         )
     return state
+
+
+def _truthy(value: str) -> bool:
+    return value.strip().lower() in ("1", "true", "yes")
 
 
 def launch_warning() -> str | None:
