@@ -1,11 +1,13 @@
-"""Data parallelism over the processes that ``accelerate launch`` starts (DDP semantics).
+"""Data parallelism over the processes that ``accelerate launch`` starts.
 
-Every process holds the whole, unwrapped model, so each method hook sees the same named parameters
+Every process holds the whole model, so each method hook sees the same named parameters
 everywhere. A step draws the same global micro-batch on every process (same seed), applies the
-method's batch transform to it, and each process keeps its own slice. Each process scales its loss
-by its share of the micro-batch's labelled tokens and the gradients are summed across processes,
-so the summed gradient is the gradient of the global token mean: 2 processes × batch b/2 take the
-step 1 process × batch b takes, to float tolerance. Parameter-only terms (EWC, O-LoRA) are the same
+method's batch transform to it, and each process keeps its own slice. The training forward goes
+through the model as accelerate wraps it (``for_training``: DistributedDataParallel), whose
+reducer averages the gradients during the backward pass; each process scales its loss by its
+share of the micro-batch's labelled tokens times the number of processes, so the averaged
+gradient is the gradient of the global token mean: 2 processes × batch b/2 take the step
+1 process × batch b takes, to float tolerance. Parameter-only terms (EWC, O-LoRA) are the same
 everywhere and their shares add up to 1. Only the main process writes files.
 """
 
@@ -28,6 +30,7 @@ SHARDED_TYPES = ("FSDP", "DEEPSPEED", "MEGATRON_LM", "XLA")
 
 
 _local = False
+_accelerator: Any = None
 
 
 def _joined() -> bool:
@@ -87,8 +90,12 @@ launch is read from these too."""
 
 
 def start() -> PartialState:
-    """Join the process group that ``accelerate launch`` set up (a no-op for one process)."""
-    state = PartialState()
+    """Join the process group that ``accelerate launch`` set up (a no-op for one process).
+
+    On a machine without a GPU, accelerate is told so (``cpu=True``): otherwise it sees no
+    device, reports no distributed setting and would leave the model unwrapped.
+    """
+    state = PartialState(cpu=not torch.cuda.is_available())
     kind = str(state.distributed_type).rsplit(".", 1)[-1]
     flagged = [v for k, v in SHARDED_LAUNCH_FLAGS.items() if _truthy(os.environ.get(k, ""))]
     kind = flagged[0] if flagged else kind
@@ -161,18 +168,62 @@ def weighted_sum(values: torch.Tensor, share: float) -> torch.Tensor:
     return out.to(values.device, values.dtype)
 
 
-def sum_gradients(params: Sequence[nn.Parameter]) -> None:
-    """Sum the gradients of ``params`` over the processes, in one flattened all-reduce."""
+def _training_accelerator() -> Any:
+    """One accelerate ``Accelerator`` for the process: DDP with unused parameters allowed (a
+    method may leave some without a gradient) and buffers left as they are."""
+    global _accelerator
+    if _accelerator is None:
+        from accelerate import Accelerator
+        from accelerate.utils import DistributedDataParallelKwargs
+
+        handler = DistributedDataParallelKwargs(
+            find_unused_parameters=True, broadcast_buffers=False
+        )
+        _accelerator = Accelerator(
+            cpu=not torch.cuda.is_available(), mixed_precision="no", kwargs_handlers=[handler]
+        )
+    return _accelerator
+
+
+@contextmanager
+def for_training(model: nn.Module) -> Iterator[nn.Module]:
+    """The module the training forward goes through: ``model`` as accelerate prepares it for
+    several processes (DistributedDataParallel, which reduces the gradients), ``model`` itself
+    for one. Hooks, snapshots and checkpoints keep using ``model``; a backward pass that did not
+    start from the wrapper's forward (a Fisher, a relevance map) stays local."""
     if world_size() == 1:
+        yield model
         return
-    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat)
-    offset = 0
-    for param, grad in zip(params, grads, strict=True):
-        n = grad.numel()
-        param.grad = flat[offset : offset + n].view_as(grad).to(grad.dtype)
-        offset += n
+    accelerator = _training_accelerator()
+    wrapped = accelerator.prepare_model(model, device_placement=False)
+    if wrapped is model:  # nothing would reduce the gradients: the processes would drift apart
+        raise ConfigError(
+            f"accelerate ({accelerator.distributed_type}) did not wrap the model for "
+            f"{world_size()} processes; launch with accelerate launch or torchrun"
+        )
+    try:
+        yield wrapped
+    finally:
+        accelerator.free_memory()
+
+
+def scale_for_reduction(loss: torch.Tensor, share: float) -> torch.Tensor:
+    """This process's loss before the wrapper averages gradients over the processes: its share
+    of the global token mean, times the number of processes (1 process: unchanged)."""
+    size = world_size()
+    return loss if size == 1 else loss * (share * size)
+
+
+@contextmanager
+def no_gradient_sync(wrapped: nn.Module, skip: bool) -> Iterator[None]:
+    """Let a micro-batch's gradients accumulate locally (``skip``): the wrapper reduces once,
+    on the step's last micro-batch."""
+    sync_off: Any = getattr(wrapped, "no_sync", None) if skip else None
+    if sync_off is None:
+        yield
+        return
+    with sync_off():
+        yield
 
 
 _OPS = {"sum": "SUM", "mean": "SUM", "max": "MAX"}

@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
@@ -123,6 +124,8 @@ class StepLoop:
     on_skip: Callable[[NonFiniteError], None] | None = None
     """Called for each step dropped under ``on_nonfinite: skip``."""
     checkpointer: StepCheckpointer | None = None
+    _trained: nn.Module | None = field(default=None, init=False, repr=False)
+    """The module the training forward goes through (``distributed.for_training``)."""
     """Writes step checkpoints and resumes from the last one (None: no step checkpoints)."""
 
     def run(
@@ -145,30 +148,21 @@ class StepLoop:
         self.model.train()
         start = time.perf_counter() - done.seconds
         restarts = plan.restart_steps()
-        with self._bar(label, plan.steps, done.step) as advance:
+        with (
+            distributed.for_training(self.model) as self._trained,
+            self._bar(label, plan.steps, done.step) as advance,
+        ):
             for step in range(done.step, plan.steps):
                 if step in restarts:
                     optimizer.state.clear()  # a fresh AdamW: moments and step count at zero
                 sctx = StepContext(
                     task=self.ctx, step=step, total_steps=plan.steps, autocast=plan.autocast
                 )
-                try:
-                    loss, terms, tokens = self._step(stream, plan, optimizer, sctx, loss_fn)
-                except NonFiniteError as err:
-                    if plan.on_nonfinite != "skip":
-                        raise
-                    optimizer.zero_grad(set_to_none=True)  # drop the step's update
-                    done.skipped.append((err.step, err.term, err.value))
-                    if self.on_skip is not None:
-                        self.on_skip(err)
-                else:
-                    done.tokens += tokens
-                    for name, value in terms.items():
-                        done.sums[name] = done.sums.get(name, 0.0) + value
-                    done.final_loss = loss
-                    done.losses.append(loss)
-                    if self.on_step is not None:
-                        self.on_step(self.ctx.task.name, {"loss": loss, **terms})
+                skip = plan.on_nonfinite == "skip"
+                self._record(
+                    done, skip, partial(self._step, stream, plan, optimizer, sctx, loss_fn)
+                )
+                optimizer.zero_grad(set_to_none=True)  # a skipped step's update is dropped
                 scheduler.step()
                 done.step, done.seconds = step + 1, time.perf_counter() - start
                 if self.checkpointer is not None and self.checkpointer.due(done.step, plan.steps):
@@ -178,6 +172,31 @@ class StepLoop:
         check_finite_weights(params, self.ctx.task.name, plan.steps - 1)
         self.model.eval()
         return _stats(done, plan)
+
+    def _record(
+        self,
+        done: LoopProgress,
+        skip: bool,
+        step: Callable[[], tuple[float, dict[str, float], int]],
+    ) -> None:
+        """Run one step and add it to ``done``; a non-finite one is skipped (its update
+        dropped) under ``on_nonfinite: skip`` and raised otherwise."""
+        try:
+            loss, terms, tokens = step()
+        except NonFiniteError as err:
+            if not skip:
+                raise
+            done.skipped.append((err.step, err.term, err.value))
+            if self.on_skip is not None:
+                self.on_skip(err)
+            return
+        done.tokens += tokens
+        for name, value in terms.items():
+            done.sums[name] = done.sums.get(name, 0.0) + value
+        done.final_loss = loss
+        done.losses.append(loss)
+        if self.on_step is not None:
+            self.on_step(self.ctx.task.name, {"loss": loss, **terms})
 
     def _resume(self, optimizer: torch.optim.Optimizer, scheduler: Any) -> LoopProgress:
         """The progress restored from the task's step checkpoint, or a fresh start."""
@@ -206,7 +225,7 @@ class StepLoop:
     ) -> tuple[float, dict[str, float], int]:
         logged: dict[str, float] = {}
         tokens, total_value = 0, 0.0
-        for _ in range(plan.grad_accum):
+        for micro in range(plan.grad_accum):
             feats = next(stream)
             if self.method.uses(Capability.BATCH_TRANSFORM):
                 feats = self.method.transform_batch(feats, sctx)
@@ -214,17 +233,18 @@ class StepLoop:
             feats = distributed.shard(feats)
             batch = {k: v.to(self.ctx.device) for k, v in collate(feats, self.pad_id).items()}
             sctx.batch_share, global_tokens = self._share(batch)
-            total, terms = self._loss(batch, sctx, loss_fn)
-            scaled = total / plan.grad_accum
-            if distributed.world_size() > 1:  # this process's share of the global token mean
-                scaled = scaled * sctx.batch_share
-            scaled.backward()
+            last = micro == plan.grad_accum - 1
+            with distributed.no_gradient_sync(self._trained or self.model, skip=not last):
+                total, terms, bad = self._loss(batch, sctx, loss_fn)
+                scaled = distributed.scale_for_reduction(total / plan.grad_accum, sctx.batch_share)
+                scaled.backward()  # even when non-finite: the wrapper's reduction must complete
+            if bad is not None:
+                raise NonFiniteError(self.ctx.task.name, sctx.step, *bad)
             tokens += global_tokens
             for name, value in terms.items():
                 total_value += value / plan.grad_accum
                 logged[name] = logged.get(name, 0.0) + value / plan.grad_accum
         params = self._trainable()
-        distributed.sum_gradients(params)
         limit = plan.max_grad_norm if plan.max_grad_norm is not None else math.inf
         norm = nn.utils.clip_grad_norm_(params, limit)
         if not math.isfinite(float(norm)):
@@ -252,10 +272,12 @@ class StepLoop:
 
     def _loss(
         self, batch: Batch, sctx: StepContext, loss_fn: LossFn | None
-    ) -> tuple[torch.Tensor, dict[str, float]]:
+    ) -> tuple[torch.Tensor, dict[str, float], tuple[str, float] | None]:
+        """The micro-batch's total loss, its named terms (global values), and the first
+        non-finite term (name, value) if any: every process sees the same one."""
         window = {"logits_to_keep": completion_window(batch["labels"])}
         with torch.autocast(self.ctx.device.type, torch.bfloat16, enabled=sctx.autocast):
-            outputs = self.model(
+            outputs = (self._trained or self.model)(
                 input_ids=batch["input_ids"],
                 attention_mask=batch["attention_mask"],
                 use_cache=False,
@@ -281,12 +303,10 @@ class StepLoop:
         local = torch.stack([t.detach().reshape(()).double() for t in terms.values()])
         reduced = distributed.weighted_sum(local, sctx.batch_share).tolist()  # one device sync
         values = dict(zip(terms, reduced, strict=True))
-        for name, value in values.items():  # every process sees the same global values
-            if not math.isfinite(value):
-                raise NonFiniteError(self.ctx.task.name, sctx.step, name, value)
+        bad = next(((n, v) for n, v in values.items() if not math.isfinite(v)), None)
         parts = list(terms.values())
         total = parts[0] if len(parts) == 1 else torch.stack([t.reshape(()) for t in parts]).sum()
-        return total, values
+        return total, values, bad
 
     def _windowed(self, loss_fn: LossFn | None) -> bool:
         """Whether nothing but the default loss reads the logits (see ``Method.window_ok``)."""
