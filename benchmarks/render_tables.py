@@ -16,7 +16,9 @@ from the runs kept under ``benchmarks/results/<config stem>/cpu/`` (``forgetless
 task's base accuracy and its accuracy after training on it alone.
 A claims table (``<!-- claims-table: SECTION -->`` … ``<!-- /claims-table -->``) renders the
 claims of ``benchmarks/claims.yaml`` in that section with verdicts by rule (``claims_table.py``).
-``--check`` exits 1 when a document differs from what its data renders (a test runs it).
+A memory table (``<!-- memory-table: DEVICES -->`` … ``<!-- /memory-table -->``) renders
+``memory_model.py``'s bytes per device. ``--check`` exits 1 when a document differs from
+what its data renders (a test runs it).
 
     python benchmarks/render_tables.py [--check] [FILES...]
 """
@@ -32,6 +34,7 @@ from typing import Any
 
 import yaml
 from claims_table import bench_runs, load_claims, render_section  # benchmarks/ is on sys.path
+from memory_model import table as memory_table
 
 from forgetless.bench.campaign import config_key, load_record
 from forgetless.bench.stats import mean_interval, paired_verdict
@@ -44,6 +47,7 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 BLOCK = re.compile(r"(<!-- bench-table: (\S+) -->\n)(.*?)(<!-- /bench-table -->)", re.S)
 CAMPAIGN = re.compile(r"(<!-- campaign-table: (\S+) -->\n)(.*?)(<!-- /campaign-table -->)", re.S)
 TASKS = re.compile(r"(<!-- tasks-table: (\S+) -->\n)(.*?)(<!-- /tasks-table -->)", re.S)
+MEMORY = re.compile(r"(<!-- memory-table: (\d+) -->\n)(.*?)(<!-- /memory-table -->)", re.S)
 CLAIMS_BLOCK = re.compile(r"(<!-- claims-table: (\S+) -->\n)(.*?)(<!-- /claims-table -->)", re.S)
 CONFIGS = ROOT / "benchmarks" / "configs"
 CAMPAIGN_COLUMNS = [
@@ -256,8 +260,11 @@ def rewrite(text: str) -> str:
         rows = render_section(match.group(2), load_claims(), _claim_runs, _metric)
         return match.group(1) + rows + match.group(4)
 
+    def memory(match: re.Match[str]) -> str:
+        return match.group(1) + memory_table(int(match.group(2))) + match.group(4)
+
     text = TASKS.sub(tasks, CAMPAIGN.sub(campaign, BLOCK.sub(table, text)))
-    return CLAIMS_BLOCK.sub(claims, text)
+    return MEMORY.sub(memory, CLAIMS_BLOCK.sub(claims, text))
 
 
 def _claim_runs(claim: dict[str, Any]) -> dict[tuple[str, int], dict[str, Any]]:

@@ -59,3 +59,15 @@ def test_claim_texts_do_not_break_their_table() -> None:
 
     for claim in load_claims():
         assert "|" not in claim["claim"] + claim["source"], claim["claim"]
+
+
+def test_the_memory_model_follows_the_zero_accounting() -> None:
+    from memory_model import METHODS, per_device_gb
+
+    seq_ft, kl = METHODS["seq_ft"], METHODS["kl_sft"]
+    assert per_device_gb(7e9, seq_ft, False, "DDP", 8) == pytest.approx(112.0)  # 16 B a weight
+    assert per_device_gb(7e9, seq_ft, False, "FSDP / ZeRO-3", 8) == pytest.approx(14.0)
+    assert per_device_gb(7e9, seq_ft, False, "ZeRO-2", 8) == pytest.approx(14 + 98 / 8)
+    assert per_device_gb(7e9, kl, False, "DDP", 8) == pytest.approx(126.0)  # + a bf16 reference
+    lora = per_device_gb(7e9, seq_ft, True, "DDP", 8)
+    assert lora == pytest.approx((7e9 * 0.995 * 2 + 7e9 * 0.005 * 16) / 1e9)

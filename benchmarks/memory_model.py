@@ -1,0 +1,96 @@
+"""A memory model: bytes per device for each method and regime under DDP, FSDP and ZeRO-3.
+
+The accounting of the ZeRO paper (Rajbhandari et al. 2020) for mixed-precision AdamW: weights
+and gradients in bf16 (2 + 2 bytes per trainable parameter) and fp32 master weights and two
+moments (12 bytes), so 16 bytes per trainable parameter; a frozen weight costs its 2 bytes.
+Each method adds what it keeps per parameter (below). Activations, the data and the caches that
+scale with tokens (SAE-FD's anchors, Anchored Learning's top-k cache, replay's buffer) are left
+out: they do not scale with the model's size. DDP replicates everything; FSDP (full shard) and
+ZeRO-3 divide weights, gradients, optimizer state and element-wise method state by the number of
+devices; ZeRO-2 divides only gradients and optimizer state.
+
+    python benchmarks/memory_model.py            # prints the table the docs quote
+
+``render_tables.py`` renders it into docs/scale-out.md between ``memory-table`` markers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+TRAINABLE_BYTES = 16.0
+"""bf16 weight + bf16 gradient + fp32 master weight + two fp32 AdamW moments."""
+FROZEN_BYTES = 2.0
+LORA_FRACTION = 0.005
+"""Trainable share of a LoRA r 8 on every linear layer of a 7B Llama (about 20M of 6.7B; the
+share is close to this across the sizes below)."""
+MODEL_SIZES = {"0.5B": 0.5e9, "7B": 7e9, "70B": 70e9}
+STRATEGIES = ("DDP", "ZeRO-2", "FSDP / ZeRO-3")
+
+
+@dataclass(frozen=True)
+class MethodMemory:
+    """What a method keeps besides the trained model, in bytes per parameter."""
+
+    per_trainable: float = 0.0
+    """Element-wise state of every trainable weight (sharded with it under FSDP / ZeRO-3)."""
+    per_weight: float = 0.0
+    """Copies of the whole model (a frozen reference: sharded too when wrapped alike)."""
+    why: str = ""
+
+
+METHODS = {
+    "seq_ft": MethodMemory(why="the model and AdamW"),
+    "replay": MethodMemory(why="a buffer of examples (token-sized)"),
+    "ewc": MethodMemory(6.0, why="fp32 Fisher + bf16 anchor weights"),
+    "kl_sft": MethodMemory(0.0, 2.0, "a frozen bf16 reference model"),
+    "low_lr": MethodMemory(why="the model and AdamW"),
+    "anchored": MethodMemory(0.0, 2.0, "a frozen bf16 reference (the SFT model)"),
+    "attribution_gate": MethodMemory(4.0, why="fp16 importance map + bf16 pre-step snapshot"),
+    "sae_fd": MethodMemory(why="an SAE of one layer and anchors (token-sized)"),
+    "task_arithmetic": MethodMemory(4.0, why="bf16 task start and merged state"),
+    "o_lora": MethodMemory(why="past adapters (LoRA-sized)"),
+}
+
+
+def per_device_gb(
+    params: float, method: MethodMemory, lora: bool, strategy: str, devices: int
+) -> float:
+    """GB on each device for a model of ``params`` parameters."""
+    trainable = params * (LORA_FRACTION if lora else 1.0)
+    frozen = params - trainable if lora else 0.0
+    weights = trainable * 2.0 + frozen * FROZEN_BYTES + params * method.per_weight
+    grads_and_optimizer = trainable * (TRAINABLE_BYTES - 2.0)
+    state = trainable * method.per_trainable
+    if strategy == "ZeRO-2":
+        grads_and_optimizer /= devices
+    elif strategy != "DDP":
+        weights, grads_and_optimizer, state = (
+            weights / devices,
+            grads_and_optimizer / devices,
+            state / devices,
+        )
+    return (weights + grads_and_optimizer + state) / 1e9
+
+
+def table(devices: int = 8) -> str:
+    """Markdown: one row per method and regime, one column per model size and strategy."""
+    heads = [f"{size} {s}" for size in MODEL_SIZES for s in STRATEGIES]
+    lines = [
+        "| method | regime | " + " | ".join(heads) + " | kept per parameter |",
+        "|---|---|" + "---|" * (len(heads) + 1),
+    ]
+    for name, method in METHODS.items():
+        for lora in (False, True):
+            cells = [
+                f"{per_device_gb(p, method, lora, s, devices):.1f}"
+                for p in MODEL_SIZES.values()
+                for s in STRATEGIES
+            ]
+            regime = "LoRA" if lora else "full"
+            lines.append(f"| `{name}` | {regime} | " + " | ".join(cells) + f" | {method.why} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(table())
