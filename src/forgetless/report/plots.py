@@ -96,6 +96,44 @@ def kl_drift(results: dict[str, Any], path: Path) -> Path:
     return _save(fig, path)
 
 
+TRACE_KEYS = ("lambda", "share")
+"""Per-step series a method records under its task details (SAE-FD's λ and distillation share)."""
+
+
+def method_traces(results: dict[str, Any]) -> dict[str, list[list[float]]]:
+    """Each recorded series, one list per task (empty for a task without it)."""
+    out: dict[str, list[list[float]]] = {}
+    for task in results.get("per_task", []):
+        for details in (task.get("details") or {}).values():
+            if not isinstance(details, dict):
+                continue
+            for key in TRACE_KEYS:
+                series = details.get(key)
+                if isinstance(series, list) and all(isinstance(v, int | float) for v in series):
+                    out.setdefault(key, []).append([float(v) for v in series])
+    return out
+
+
+def traces(results: dict[str, Any], path: Path) -> Path | None:
+    """The method's per-step series across the sequence, task boundaries marked; None if the
+    method records none."""
+    found = method_traces(results)
+    if not found:
+        return None
+    fig, axes = plt.subplots(len(found), 1, figsize=(7, 2.6 * len(found)), squeeze=False)
+    for ax, (key, per_task) in zip(axes[:, 0], found.items(), strict=True):
+        start = 0
+        for index, series in enumerate(per_task):
+            ax.plot(range(start, start + len(series)), series, color="C0")
+            ax.axvline(start, color="grey", lw=0.6, ls=":")
+            ax.text(start, ax.get_ylim()[1], f" task {index + 1}", va="top", fontsize=7)
+            start += len(series)
+        ax.set_ylabel(key)
+    axes[-1, 0].set_xlabel("micro-batch")
+    fig.suptitle("The method's strength along the sequence")
+    return _save(fig, path)
+
+
 def pareto_front(points: list[tuple[float, float]]) -> list[int]:
     """Indices of points not dominated in both coordinates (higher is better for both)."""
     return [

@@ -125,6 +125,9 @@ def sections_for_run(
     ]
     if results["completed_tasks"] > 1:
         pictures.append(plots.forgetting_bars(results, folder / "plots" / "forgetting.png"))
+    trace = plots.traces(results, folder / "plots" / "traces.png")
+    if trace is not None:
+        pictures.append(trace)
     method = results["config"]["method"]["name"]
     sections = [
         Section(
