@@ -68,7 +68,7 @@ def claim_row(
     label = claim.get("metric_label", key)
     measured = (
         f"{label}: `{arm}` {_cell(arms)} vs `{control}` {_cell(controls)}; "
-        f"paired {_cell(diffs)} ({len(diffs)} seeds)"
+        f"paired {_cell(diffs)} ({len(diffs)} seed{'' if len(diffs) == 1 else 's'})"
     )
     return measured, verdict
 
