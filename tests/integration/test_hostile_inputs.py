@@ -217,8 +217,13 @@ def test_interrupt_exits_130_with_one_line(tmp_path: Path, tiny_model_dir: Path)
     out = tmp_path / "out"
     command = [sys.executable, "-m", "forgetless", "run", str(config), "--out", str(out)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(
-        [*command, "--quiet"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env
+    proc = subprocess.Popen(  # Ctrl-C as a shell delivers it, whatever the test process set
+        [*command, "--quiet"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         deadline = time.monotonic() + 300  # generous: a loaded machine starts slowly
