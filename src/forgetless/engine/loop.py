@@ -162,7 +162,7 @@ class StepLoop:
                 self._record(
                     done, skip, partial(self._step, stream, plan, optimizer, sctx, loss_fn)
                 )
-                optimizer.zero_grad(set_to_none=True)  # a skipped step's update is dropped
+                optimizer.zero_grad(set_to_none=True)  # after every step, a skipped one included
                 scheduler.step()
                 done.step, done.seconds = step + 1, time.perf_counter() - start
                 if self.checkpointer is not None and self.checkpointer.due(done.step, plan.steps):
@@ -254,7 +254,6 @@ class StepLoop:
         if pre_step is not None:
             with torch.no_grad():
                 self.method.gate_update(self.model, pre_step, sctx)
-        optimizer.zero_grad(set_to_none=True)
         return total_value, logged, tokens
 
     def _share(self, batch: Batch) -> tuple[float, int]:
