@@ -188,9 +188,15 @@ def _campaign_verdicts(variants: list[str], seeds: list[int], runs: dict[Any, An
         else f"{found.n} seeds; 95% interval [{found.low:.3f}, {found.high:.3f}], {where} the "
         f"{low:.0%}–{high:.0%} window"
     )
+    probe = [
+        runs[("seq_ft", s)]["metrics"]["probe_retention"]["gk-mc"]
+        for s in seeds
+        if ("seq_ft", s) in runs
+    ]
+    score = sum(p["base"] for p in probe) / len(probe)
     lines = [
         f"\n`seq_ft` keeps {_fmt(*interval(base))} of the base's above-chance `gk-mc` score "
-        f"({spread})."
+        f"(base {score:.3f} against chance {probe[0]['chance']:.2f}; {spread})."
     ]
     for name in variants:
         diffs = _paired(runs, name, seeds, PRIMARY)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -17,6 +18,40 @@ import render_tables  # noqa: E402
 def test_quoted_tables_match_their_data(doc: Path) -> None:
     text = doc.read_text(encoding="utf-8")
     assert render_tables.rewrite(text) == text, f"run python benchmarks/render_tables.py ({doc})"
+
+
+FIGURE = re.compile(
+    r"(?<![\w.])(?<!≤ )(?<!≥ )[−+-]?[01]\.\d{1,3}(?![\d.])(?!\s*(?:×|s\b|[kMG]i?B|[MB]\b))"
+)
+"""An accuracy-like figure (0.88, −0.875, 1.00); not a ratio (1.15×), a time or a size."""
+PROSE_ONLY = {"claims.md": None, "README.md": ("## Results", "## Methods")}
+"""Where every accuracy, BWT, retention or KL figure must come from a rendered block."""
+
+
+def prose_of(text: str) -> str:
+    """The text a person typed: rendered blocks, code and link targets taken out."""
+    text = re.sub(r"(?s)<!-- ([\w-]+): [^>]*-->.*?<!-- /\1 -->", "", text)
+    text = re.sub(r"(?s)```.*?```", "", text)
+    text = re.sub(r"`[^`\n]*`", "", text)
+    return re.sub(r"\]\([^)]*\)", "]", text)
+
+
+@pytest.mark.parametrize("name", sorted(PROSE_ONLY))
+def test_results_figures_come_from_rendered_blocks(name: str) -> None:
+    doc = next(d for d in render_tables.DOCS if d.name == name)
+    text = doc.read_text(encoding="utf-8")
+    if (span := PROSE_ONLY[name]) is not None:
+        text = text[text.index(span[0]) : text.index(span[1])]
+    typed = [line for line in prose_of(text).splitlines() if FIGURE.search(line)]
+    assert not typed, f"{doc}: figures typed by hand, not rendered from raw data: {typed}"
+
+
+def test_the_figure_pattern_tells_scores_from_costs() -> None:
+    found = [FIGURE.search(s) is not None for s in ("0.881 kept", "BWT −0.81", "1.115× a step")]
+    assert FIGURE.search("a 1.0M-parameter model") is None
+    assert found == [True, True, False]
+    assert FIGURE.search("≤ 1.2 target") is None and FIGURE.search("took 1.55 s") is None
+    assert prose_of("a `0.5` and <!-- t: x -->0.9<!-- /t --> b") == "a  and  b"
 
 
 def test_the_renderer_pairs_by_seed() -> None:
