@@ -6,7 +6,9 @@ and absolute differences of the per-step losses (anchored's KL to its anchor fal
 where float32 noise is a large relative error) and the largest absolute difference of the final
 checkpoint's tensors (weights or adapters, and method state).
 Run: ``python benchmarks/scale_out_agreement.py [--methods seq_ft,ewc] [--steps 4]``; the table
-goes to ``benchmarks/results/scale_out_agreement.json``.
+goes to ``benchmarks/results/scale_out_agreement.json``. ``--layout fsdp2`` launches the 2 processes
+with ``examples/accelerate/cpu_2proc_fsdp2.yaml`` (each holds half of every weight) and keeps its
+rows under ``fsdp2`` beside the data-parallel ones.
 """
 
 from __future__ import annotations
@@ -27,8 +29,10 @@ from forgetless.core.storage import atomic_write_json
 from forgetless.models.tiny import build_char_tokenizer, build_tiny_model
 
 OUT = Path(__file__).parent / "results" / "scale_out_agreement.json"
+FSDP2 = Path(__file__).parents[1] / "examples" / "accelerate" / "cpu_2proc_fsdp2.yaml"
 METHODS = {
     "seq_ft": ({"name": "seq_ft"}, "full"),
+    "low_lr": ({"name": "low_lr"}, "full"),
     "ewc": ({"name": "ewc", "lam": 1e4, "fisher_samples": 8, "fisher_batch_size": 4}, "full"),
     "replay": ({"name": "replay", "buffer_size": 16, "ratio": 0.5}, "full"),
     "attribution_gate": ({"name": "attribution_gate", "max_samples": 4}, "full"),
@@ -55,9 +59,10 @@ def _model(folder: Path) -> Path:
     return folder
 
 
-def _run(config: Path, out: Path, processes: int) -> None:
+def _run(config: Path, out: Path, processes: int, layout: str) -> None:
     args = ["run", str(config), "--out", str(out), "--quiet"]
-    launch = [Path(sys.executable).with_name("accelerate"), "launch", "--multi_gpu"]
+    mode = ["--config_file", str(FSDP2)] if layout == "fsdp2" else ["--multi_gpu"]
+    launch = [Path(sys.executable).with_name("accelerate"), "launch", *mode]
     launch += ["--num_processes", str(processes), "--num_machines", "1"]
     launch += ["--mixed_precision", "no", "--dynamo_backend", "no", "-m", "forgetless"]
     command = launch + args if processes > 1 else [sys.executable, "-m", "forgetless", *args]
@@ -100,6 +105,7 @@ def main() -> None:
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--layout", choices=["ddp", "fsdp2"], default="ddp")
     args = parser.parse_args()
     rows = {}
     with tempfile.TemporaryDirectory() as scratch:
@@ -120,10 +126,13 @@ def main() -> None:
             config = root / f"{name}.yaml"
             config.write_text(yaml.safe_dump(raw), encoding="utf-8")
             for processes in (1, 2):
-                _run(config, root / f"{name}-{processes}", processes)
+                _run(config, root / f"{name}-{processes}", processes, args.layout)
             rows[name] = _compare(root / f"{name}-1", root / f"{name}-2")
             print(name, rows[name], flush=True)
-    atomic_write_json(args.out, {"batch_size": 8, "processes": [1, 2], "methods": rows})
+    report = json.loads(args.out.read_text(encoding="utf-8")) if args.out.is_file() else {}
+    report.update(batch_size=8, processes=[1, 2])
+    report.setdefault("methods" if args.layout == "ddp" else "fsdp2", {}).update(rows)
+    atomic_write_json(args.out, report)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,10 @@ from safetensors.torch import load_file
 
 HARNESS = Path(__file__).with_name("crash_harness.py")
 ACCELERATE = Path(sys.executable).with_name("accelerate")
+FSDP_CONFIG = (
+    Path(__file__).resolve().parents[1] / "examples" / "accelerate" / "cpu_2proc_fsdp2.yaml"
+)
+"""The shipped CPU FSDP2 config: the sharded test runs what a user would launch."""
 
 
 def write_config(folder: Path, raw: dict[str, Any]) -> Path:
@@ -41,12 +45,14 @@ def killed_at(point: str, n: int, config: Path, out: Path) -> None:
     )
 
 
-def two_processes(config: Path, out: Path) -> None:
-    """``accelerate launch`` with 2 processes (torchrun underneath; gloo on a CPU machine)."""
+def two_processes(config: Path, out: Path, fsdp: bool = False) -> str:
+    """``accelerate launch`` with 2 processes (torchrun underneath; gloo on a CPU machine),
+    data-parallel, or sharded with an FSDP version 2 config (``fsdp``)."""
+    mode = ["--config_file", str(FSDP_CONFIG)] if fsdp else ["--multi_gpu"]
     command = [
         str(ACCELERATE),
         "launch",
-        "--multi_gpu",
+        *mode,
         "--num_processes",
         "2",
         "--num_machines",
@@ -64,6 +70,7 @@ def two_processes(config: Path, out: Path) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(command, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout + done.stderr
 
 
 def results(out: Path) -> dict[str, Any]:

@@ -88,6 +88,30 @@ def test_validate_runs_nothing(
     assert code == 2 and "unknown method" in err
 
 
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("method.name=ewc", "method 'ewc' does not run sharded (FSDP2): it keeps state"),
+        ("finetune.mode=lora", "finetune.mode lora does not run sharded (FSDP2) yet"),
+        ("train.checkpoint_every=2", "train.checkpoint_every: step checkpoints are not"),
+    ],
+)
+def test_validate_fsdp_refuses_what_cannot_run_sharded(
+    tmp_path: Path,
+    tiny_model_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    override: str,
+    expected: str,
+) -> None:
+    config = write_config(tmp_path / "ok.yaml", tiny_run_config(tiny_model_dir))
+    monkeypatch.setattr(sys, "argv", ["forgetless", "validate", str(config), "--fsdp"])
+    main()
+    assert "ok:" in capsys.readouterr().out  # seq_ft, full fine-tuning: shardable
+    code, err = invoke(monkeypatch, capsys, "validate", str(config), "--fsdp", "--set", override)
+    assert code == 2 and expected in err and "\n" not in err, err
+
+
 def test_listing_commands(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

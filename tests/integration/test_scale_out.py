@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from cli_runs import cli, final_state, step_losses, two_processes, write_config
+from cli_runs import cli, final_state, results, step_losses, two_processes, write_config
 from conftest import tiny_run_config
 
 from forgetless.testing import smoke_method
@@ -46,6 +46,7 @@ def test_two_processes_match_one(
     config = write_config(tmp_path, _config(tiny_model_dir, method, mode))
     cli(config, tmp_path / "one")
     two_processes(config, tmp_path / "two")
+    assert {t["parallel"] for t in results(tmp_path / "two")["per_task"]} == {"ddp"}
 
     one, two = step_losses(tmp_path / "one"), step_losses(tmp_path / "two")
     assert all(one) and [len(t) for t in one] == [len(t) for t in two]
@@ -55,5 +56,28 @@ def test_two_processes_match_one(
     state_one, state_two = final_state(tmp_path / "one"), final_state(tmp_path / "two")
     assert state_one.keys() == state_two.keys()
     for name, tensors in state_one.items():
+        for key, value in tensors.items():
+            torch.testing.assert_close(state_two[name][key], value, rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("method", ["seq_ft", pytest.param("low_lr", marks=SLOW)])
+def test_two_sharded_processes_match_one(tiny_model_dir: Path, tmp_path: Path, method: str) -> None:
+    """FSDP2 (``fully_shard``, gloo): each process holds half of every weight, FSDP
+    reduce-scatters the gradients, the task checkpoint is gathered into one file."""
+    config = write_config(tmp_path, _config(tiny_model_dir, method, "full"))
+    cli(config, tmp_path / "one")
+    two_processes(config, tmp_path / "two", fsdp=True)
+    layouts = {(t["processes"], t["parallel"]) for t in results(tmp_path / "two")["per_task"]}
+    assert layouts == {(2, "fsdp2")}
+
+    one, two = step_losses(tmp_path / "one"), step_losses(tmp_path / "two")
+    assert all(one) and [len(t) for t in one] == [len(t) for t in two]
+    for a, b in zip(one, two, strict=True):
+        assert b == pytest.approx(a, rel=1e-5, abs=1e-6)
+    assert _files(tmp_path / "two") == _files(tmp_path / "one")
+    state_one, state_two = final_state(tmp_path / "one"), final_state(tmp_path / "two")
+    assert state_one.keys() == state_two.keys()
+    for name, tensors in state_one.items():
+        assert tensors.keys() == state_two[name].keys(), name  # tied weights saved once, alike
         for key, value in tensors.items():
             torch.testing.assert_close(state_two[name][key], value, rtol=1e-3, atol=1e-4)

@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from accelerate.commands.config.config_args import ClusterConfig
+from safetensors.torch import load_file
 
 from forgetless.core import distributed
 from forgetless.errors import ConfigError
@@ -66,16 +67,25 @@ def test_collectives_on_two_processes(tmp_path: Path) -> None:
 def test_example_accelerate_configs_fit_the_schema(path: Path) -> None:
     """On this GPU-less machine the GPU configs can only be checked against accelerate's schema."""
     cfg = ClusterConfig.from_yaml_file(str(path))
-    assert str(cfg.distributed_type).endswith("MULTI_GPU")
+    kind = str(cfg.distributed_type).rsplit(".", 1)[-1]
+    assert kind in ("MULTI_GPU", "FSDP")
+    if kind == "FSDP":  # the only sharded form forgetless runs
+        assert cfg.fsdp_config["fsdp_version"] == 2
     assert cfg.num_processes >= 2
     assert cfg.num_processes % cfg.num_machines == 0
 
 
-@pytest.mark.parametrize("kind", ["FSDP", "DEEPSPEED"])
-def test_sharded_launch_is_refused_in_one_line(monkeypatch: Any, kind: str) -> None:
+@pytest.mark.parametrize(
+    ("kind", "why"),
+    [("FSDP", "FSDP version 1 is not supported"), ("DEEPSPEED", "DEEPSPEED is not supported")],
+)
+def test_an_unsupported_sharded_launch_is_refused_in_one_line(
+    monkeypatch: Any, kind: str, why: str
+) -> None:
     fake = SimpleNamespace(distributed_type=f"DistributedType.{kind}", device=torch.device("cpu"))
     monkeypatch.setattr(distributed, "PartialState", lambda **_: fake)
-    with pytest.raises(ConfigError, match=rf"distributed_type {kind} shards the model") as err:
+    monkeypatch.delenv("FSDP_VERSION", raising=False)
+    with pytest.raises(ConfigError, match=rf"distributed_type {kind}: {why}") as err:
         distributed.start()
     assert "\n" not in str(err.value)
 
@@ -87,12 +97,17 @@ def test_a_sharded_launch_is_read_from_accelerates_flags(
     monkeypatch: Any, flag: str, kind: str
 ) -> None:
     """PartialState says MULTI_CPU under `accelerate launch --use_fsdp` on CPU: the launch's own
-    flag still refuses it, instead of a silently replicated run."""
+    flags decide (FSDP version 2 runs sharded, the rest is refused), never a silently
+    replicated run."""
     fake = SimpleNamespace(distributed_type="DistributedType.MULTI_CPU", device=torch.device("cpu"))
     monkeypatch.setattr(distributed, "PartialState", lambda **_: fake)
     monkeypatch.setenv(flag, "true")
-    with pytest.raises(ConfigError, match=rf"distributed_type {kind} shards the model"):
+    monkeypatch.setenv("FSDP_VERSION", "1")
+    with pytest.raises(ConfigError, match=rf"distributed_type {kind}: "):
         distributed.start()
+    monkeypatch.setenv("FSDP_VERSION", "2")
+    if kind == "FSDP":
+        assert distributed.start() is fake  # sharded by the runner
     monkeypatch.setenv(flag, "false")
     assert distributed.start() is fake
 
@@ -110,3 +125,51 @@ def test_a_batch_smaller_than_the_processes_is_refused(monkeypatch: Any) -> None
     monkeypatch.setattr(distributed, "world_size", lambda: 4)
     with pytest.raises(ConfigError, match="task 'x': batch_size 2 is smaller than the 4"):
         distributed.check_batch(2, "task 'x'")
+
+
+def _tiny_tied(seed: int) -> Any:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=32, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, intermediate_size=32, tie_word_embeddings=True,
+    )  # fmt: skip
+    return Qwen2ForCausalLM(config)
+
+
+def _shard_worker(rank: int, init: str, out: str) -> None:
+    from safetensors.torch import save_file
+
+    from forgetless.core import sharding
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    try:
+        trained = sharding.shard_model(_tiny_tied(0))
+        full = sharding.full_state(trained)
+        if rank == 0:
+            assert full is not None
+            save_file(full, str(Path(out, "full.safetensors")))
+        dist.barrier()
+        fresh = sharding.shard_model(_tiny_tied(1))
+        stored = load_file(str(Path(out, "full.safetensors")))
+        sharding.load_full_state(fresh, stored, "full.safetensors")
+        same = all(
+            torch.equal(a.full_tensor(), b.full_tensor())
+            for a, b in zip(trained.state_dict().values(), fresh.state_dict().values(), strict=True)
+        )
+        shard = next(fresh.parameters())
+        record = {"same": same, "local": list(sharding.local(shard).shape)}
+        Path(out, f"{rank}.json").write_text(json.dumps(record), encoding="utf-8")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_sharded_model_is_gathered_to_one_file_and_split_again(tmp_path: Path) -> None:
+    init = f"file://{tmp_path / 'rendezvous'}"
+    mp.spawn(_shard_worker, args=(init, str(tmp_path)), nprocs=2, join=True)
+    got = [json.loads((tmp_path / f"{r}.json").read_text()) for r in (0, 1)]
+    assert all(r["same"] for r in got)
+    assert [r["local"] for r in got] == [[16, 16], [16, 16]]  # half of the 32 × 16 embedding
+    names = set(load_file(str(tmp_path / "full.safetensors")))
+    assert "lm_head.weight" in names and "model.embed_tokens.weight" not in names  # tied: once

@@ -66,6 +66,12 @@ def validate(
     ] = None,
     set_: SetOpt = None,
     preset: PresetOpt = "tiny",
+    fsdp: Annotated[
+        bool,
+        typer.Option(
+            "--fsdp", help="Also check that the run can be sharded (an FSDP version 2 launch)."
+        ),
+    ] = False,
 ) -> None:
     """Check a config (and its bench variants) without running anything (exit 2 on error)."""
     import copy
@@ -82,12 +88,26 @@ def validate(
     cfg = validate_config(data, source)
     _check_builtin_names(cfg, source)
     planned = plan_runs(data, section.variants, 1, 1, Path("."))
+    if fsdp:
+        _check_shardable(cfg, source)
+        for variant, _, run_cfg in planned:
+            _check_shardable(run_cfg, f"{source}, variant {variant.name}")
     names = ", ".join(t.display_name for t in cfg.tasks)
     extra = f"; {len(planned)} bench variants ok" if planned else ""
     console.print(
         f"ok: {source} — method {cfg.method.name}, {cfg.finetune.mode} fine-tuning, "
         f"tasks: {names}{extra}"
     )
+
+
+def _check_shardable(cfg: Any, source: str) -> None:
+    from forgetless.core import registry
+    from forgetless.errors import ConfigError
+
+    method = registry.lookup(cfg.method.name)
+    broken = registry.sharding_rule_broken(method, cfg.finetune.mode, cfg.train.checkpoint_every)
+    if broken:
+        raise ConfigError(f"{source}: {broken}")
 
 
 def _check_builtin_names(cfg: Any, source: str) -> None:

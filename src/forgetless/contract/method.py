@@ -154,6 +154,11 @@ class Method(Generic[ConfigT]):
     """True when the method's loss terms never read ``outputs.logits``' values, so the loop may
     compute logits only over the completion window (methods without ``LOSS_TERMS`` or
     ``REPLACE_LOSS`` get the window anyway, since they never see the outputs)."""
+    unsharded: ClassVar[str | None] = (
+        "keeps state or touches weights in ways not yet made to work on FSDP2's sharded parameters"
+    )
+    """Why the method cannot run on a sharded model (FSDP2), or None when it can. Checked by
+    :func:`sharding_rule_broken`, at ``validate --fsdp`` and when a sharded run starts."""
     carry_only: ClassVar[str | None] = None
     """When set, why the method needs one adapter for the whole sequence under LoRA (regime
     ``carry``): it keeps per-weight state by name. Checked with ``lora_regimes`` by

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from accelerate import PartialState
 from torch import nn
 
+from forgetless.core.sharding import fsdp_launch, is_sharded
 from forgetless.errors import ConfigError
 
 T = TypeVar("T")
@@ -99,13 +100,25 @@ def start() -> PartialState:
     kind = str(state.distributed_type).rsplit(".", 1)[-1]
     flagged = [v for k, v in SHARDED_LAUNCH_FLAGS.items() if _truthy(os.environ.get(k, ""))]
     kind = flagged[0] if flagged else kind
+    if kind == "FSDP" and fsdp_launch() == 2:
+        return state  # FSDP2: the runner shards the model (core.sharding)
     if kind in SHARDED_TYPES:
+        why = "FSDP version 1 is not supported" if kind == "FSDP" else f"{kind} is not supported"
         raise ConfigError(
-            f"accelerate config: distributed_type {kind} shards the model, which forgetless does "
-            "not support yet; use a MULTI_GPU or MULTI_CPU (data-parallel) config "
-            "(see examples/accelerate/)"
+            f"accelerate config: distributed_type {kind}: {why}; use an FSDP version 2 config "
+            "or a data-parallel one (see examples/accelerate/)"
         )
     return state
+
+
+def layout() -> str:
+    """How the processes split the training: ``single``, ``ddp`` or ``fsdp2``."""
+    return "fsdp2" if sharded() else "ddp" if world_size() > 1 else "single"
+
+
+def sharded() -> bool:
+    """Whether this run shards its model (an FSDP2 launch of more than one process)."""
+    return world_size() > 1 and fsdp_launch() == 2
 
 
 def _truthy(value: str) -> bool:
@@ -191,7 +204,7 @@ def for_training(model: nn.Module) -> Iterator[nn.Module]:
     several processes (DistributedDataParallel, which reduces the gradients), ``model`` itself
     for one. Hooks, snapshots and checkpoints keep using ``model``; a backward pass that did not
     start from the wrapper's forward (a Fisher, a relevance map) stays local."""
-    if world_size() == 1:
+    if world_size() == 1 or is_sharded(model):  # FSDP2 reduce-scatters the gradients itself
         yield model
         return
     accelerator = _training_accelerator()
@@ -218,6 +231,13 @@ def scale_for_reduction(loss: torch.Tensor, share: float) -> torch.Tensor:
 def no_gradient_sync(wrapped: nn.Module, skip: bool) -> Iterator[None]:
     """Let a micro-batch's gradients accumulate locally (``skip``): the wrapper reduces once,
     on the step's last micro-batch."""
+    if skip and is_sharded(wrapped):
+        wrapped.set_requires_gradient_sync(False)  # type: ignore[operator]
+        try:
+            yield
+        finally:
+            wrapped.set_requires_gradient_sync(True)  # type: ignore[operator]
+        return
     sync_off: Any = getattr(wrapped, "no_sync", None) if skip else None
     if sync_off is None:
         yield

@@ -72,3 +72,22 @@ def lora_rule_broken(method: Any, mode: str, regime: str) -> str | None:
             f"method {method.name!r} {carry_only}: with LoRA it needs regime carry, not {regime!r}"
         )
     return None
+
+
+def sharding_rule_broken(method: Any, mode: str, checkpoint_every: int | None) -> str | None:
+    """What stops ``method`` from running on a sharded model (an FSDP2 launch), or None."""
+    name = getattr(method, "name", "?")
+    unsharded = getattr(method, "unsharded", None)
+    if unsharded:
+        return f"method {name!r} does not run sharded (FSDP2): it {unsharded}"
+    if mode != "full":
+        return (
+            "finetune.mode lora does not run sharded (FSDP2) yet: adapters are added per task, "
+            "after the model is split; use mode full, or a data-parallel launch"
+        )
+    if checkpoint_every is not None:
+        return (
+            "train.checkpoint_every: step checkpoints are not written from a sharded model yet; "
+            "drop it under FSDP2 (task checkpoints are written)"
+        )
+    return None

@@ -16,7 +16,7 @@ from transformers import get_scheduler
 
 from forgetless.contract.method import Batch, Capability, LossFn, Method, StepContext, TaskContext
 from forgetless.contract.plan import TrainPlan, TrainStats
-from forgetless.core import distributed
+from forgetless.core import distributed, sharding
 from forgetless.engine.progress import Progress
 from forgetless.engine.resources import peak_memory_mb
 from forgetless.engine.step_checkpoint import LoopProgress, StepCheckpointer
@@ -100,8 +100,10 @@ def check_finite_weights(params: list[nn.Parameter], task: str, step: int) -> No
     cannot undo an update already applied. Checked before each step checkpoint and at the end,
     since a non-finite weight makes every later loss non-finite too."""
     with torch.no_grad():
-        bad = next((p for p in params if not bool(torch.isfinite(p).all())), None)
-    if bad is not None:
+        finite = all(bool(torch.isfinite(sharding.local(p)).all()) for p in params)
+    if distributed.sharded():  # each process sees its own shards: all stop, or none
+        finite = sharding.all_true(finite)
+    if not finite:
         raise NonFiniteError(task, step, "weights", math.nan)
 
 

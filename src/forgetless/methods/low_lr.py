@@ -36,6 +36,7 @@ class LowLR(Method[LowLRConfig]):
 
     name = "low_lr"
     config_cls = LowLRConfig
+    unsharded = None  # the shared loop only: runs on FSDP2 shards
     smoke: ClassVar[dict[str, Any]] = {"lr_scale": 0.1}
     capabilities = frozenset({Capability.TRAIN_STAGE})
 

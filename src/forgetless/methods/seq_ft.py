@@ -23,3 +23,4 @@ class SeqFT(Method[SeqFTConfig]):
 
     name = "seq_ft"
     config_cls = SeqFTConfig
+    unsharded = None  # the shared loop only: runs on FSDP2 shards

@@ -15,6 +15,7 @@ from safetensors.torch import load_model, save_file, save_model
 from torch import nn
 
 from forgetless.config.schema import FinetuneConfig
+from forgetless.core import sharding
 from forgetless.core.storage import check_fits, read_tensors, tensor_shapes
 from forgetless.core.tensor_files import WEIGHTS_FILE
 from forgetless.errors import CheckpointError, ModelLoadError
@@ -73,6 +74,11 @@ class Finetuner:
     def save(self, folder: Path) -> None:
         """Full weights, or each live adapter under ``adapters/<name>/`` in PEFT's layout."""
         if not self.is_lora:
+            if sharding.is_sharded(self.model):  # gathered to the main process, written there
+                state = sharding.full_state(self.model)
+                if state is not None:
+                    save_file(state, str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
+                return
             save_model(self.model, str(folder / WEIGHTS_FILE))
             return
         assert isinstance(self.model, PeftModel)
@@ -97,6 +103,9 @@ class Finetuner:
         if not self.is_lora:
             path = checkpoints[-1] / WEIGHTS_FILE
             check_fits(path, tensor_shapes(path), self.model)
+            if sharding.is_sharded(self.model):
+                sharding.load_full_state(self.model, read_tensors(path), str(path))
+                return
             try:
                 load_model(self.model, str(path))
             except RuntimeError as err:  # e.g. tensors the model has but the file lacks

@@ -28,7 +28,7 @@ from forgetless.contract.method import (
     create_method,
 )
 from forgetless.contract.plan import TrainPlan, TrainStats
-from forgetless.core import distributed, registry
+from forgetless.core import distributed, registry, sharding
 from forgetless.core.rundir import RunDir
 from forgetless.core.storage import (
     atomic_dir,
@@ -146,6 +146,8 @@ class Runner:
         distributed.barrier()
         self.tasks, self.probes = tasks, probes
         self.finetuner = Finetuner(model, cfg.finetune)  # checks LoRA targets before training
+        if distributed.sharded():
+            self._shard(model)
         self.encoded = self._encode_remaining(results)
         self.base_logprobs = self._probe_logprobs(model) if cfg.eval.kl_drift and probes else None
         self.prose = self._prose_base(model) if cfg.eval.prose else None
@@ -162,6 +164,20 @@ class Runner:
         finally:
             self.tracker.finish()
         return results
+
+    def _shard(self, model: nn.Module) -> None:
+        """Split the model over the processes (an FSDP2 launch), if the run allows it."""
+        cfg = self.cfg
+        broken = registry.sharding_rule_broken(
+            type(self.active), cfg.finetune.mode, cfg.train.checkpoint_every
+        )
+        if broken:
+            raise ConfigError(broken)
+        sharding.shard_model(model)
+        self.console.print(
+            f"FSDP2: the model is sharded over {distributed.world_size()} processes",
+            highlight=False,
+        )
 
     def _base_row(self, results: Results) -> None:
         """Row 0: from the cache when ``eval.cache_base_row`` holds it, else evaluated (and
@@ -415,7 +431,8 @@ class Runner:
             evals = self._record_row(results, session.evaluated_model())
             session.end(evals, stats)
             save_method_state(tmp, self._reduced_state(method))
-        results.per_task.append({"task": task.name, **stats.as_dict()})
+        layout = {"processes": distributed.world_size(), "parallel": distributed.layout()}
+        results.per_task.append({"task": task.name, **stats.as_dict(), **layout})
         results.write(self.out_dir)
         step_dir = RunDir(self.out_dir).step_checkpoint(index, task.name)
         if distributed.is_main_process() and step_dir.is_dir():
