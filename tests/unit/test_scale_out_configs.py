@@ -48,10 +48,15 @@ def _worker(rank: int, init: str, out: str) -> None:
         dist.destroy_process_group()
 
 
+def _on_two_processes(worker: Any, folder: Path) -> list[dict[str, Any]]:
+    """Run ``worker(rank, init, folder)`` on 2 gloo processes; each writes ``RANK.json``."""
+    init = f"file://{folder / 'rendezvous'}"
+    mp.spawn(worker, args=(init, str(folder)), nprocs=2, join=True)
+    return [json.loads((folder / f"{r}.json").read_text()) for r in (0, 1)]
+
+
 def test_collectives_on_two_processes(tmp_path: Path) -> None:
-    init = f"file://{tmp_path / 'rendezvous'}"
-    mp.spawn(_worker, args=(init, str(tmp_path)), nprocs=2, join=True)
-    got = [json.loads((tmp_path / f"{r}.json").read_text()) for r in (0, 1)]
+    got = _on_two_processes(_worker, tmp_path)
     for rank, record in enumerate(got):
         assert record["fisher"] == [1.5, 3.0]  # mean of 1× and 2×
         assert record["importance"] == pytest.approx([0.5, 0.9])  # element-wise max
@@ -166,9 +171,7 @@ def _shard_worker(rank: int, init: str, out: str) -> None:
 
 
 def test_a_sharded_model_is_gathered_to_one_file_and_split_again(tmp_path: Path) -> None:
-    init = f"file://{tmp_path / 'rendezvous'}"
-    mp.spawn(_shard_worker, args=(init, str(tmp_path)), nprocs=2, join=True)
-    got = [json.loads((tmp_path / f"{r}.json").read_text()) for r in (0, 1)]
+    got = _on_two_processes(_shard_worker, tmp_path)
     assert all(r["same"] for r in got)
     assert [r["local"] for r in got] == [[16, 16], [16, 16]]  # half of the 32 × 16 embedding
     names = set(load_file(str(tmp_path / "full.safetensors")))

@@ -8,7 +8,9 @@ reducer averages the gradients during the backward pass; each process scales its
 share of the micro-batch's labelled tokens times the number of processes, so the averaged
 gradient is the gradient of the global token mean: 2 processes × batch b/2 take the step
 1 process × batch b takes, to float tolerance. Parameter-only terms (EWC, O-LoRA) are the same
-everywhere and their shares add up to 1. Only the main process writes files.
+everywhere and their shares add up to 1. Only the main process writes files. Under an FSDP2
+launch the runner shards the model instead (``forgetless.core.sharding``) and FSDP
+reduce-scatters the gradients; the loss scaling is the same.
 """
 
 from __future__ import annotations
