@@ -176,3 +176,16 @@ def test_a_sharded_model_is_gathered_to_one_file_and_split_again(tmp_path: Path)
     assert [r["local"] for r in got] == [[16, 16], [16, 16]]  # half of the 32 × 16 embedding
     names = set(load_file(str(tmp_path / "full.safetensors")))
     assert "lm_head.weight" in names and "model.embed_tokens.weight" not in names  # tied: once
+
+
+def test_cluster_settings_are_checked_before_anything_is_submitted(tmp_path: Path) -> None:
+    from forgetless.bench.cluster import run_on_cluster
+    from forgetless.bench.variants import ClusterSection, pop_bench_section
+
+    with pytest.raises(ConfigError, match="bench --cluster: 'pbs' is not one of slurm, local"):
+        run_on_cluster([], "pbs", ClusterSection(), tmp_path, lambda *_: None)
+    typo = {"bench": {"cluster": {"partitoin": "gpu"}}}
+    with pytest.raises(ConfigError, match=r"c\.yaml: bench.*cluster\.partitoin") as err:
+        pop_bench_section(typo, "c.yaml")
+    assert "\n" not in str(err.value)
+    assert not list(tmp_path.iterdir())  # no job folder was made

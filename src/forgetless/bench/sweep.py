@@ -10,9 +10,10 @@ import torch
 from rich.console import Console
 
 from forgetless.bench.campaign import config_key, load_record, record_path, save_record
+from forgetless.bench.cluster import run_on_cluster
 from forgetless.bench.jobs import Job, check_jobs, run_parallel, threads_per_job
 from forgetless.bench.stats import Interval, mean_interval, separated
-from forgetless.bench.variants import Variant, run_folder_name, task_order
+from forgetless.bench.variants import ClusterSection, Variant, run_folder_name, task_order
 from forgetless.config.loading import apply_override, validate_config
 from forgetless.config.schema import RunConfig
 from forgetless.contract import method_class
@@ -125,10 +126,13 @@ def run_bench(
     campaign: Path | None = None,
     jobs: int = 1,
     threads: int | None = None,
+    cluster: tuple[str, ClusterSection] | None = None,
 ) -> dict[str, Any]:
     """Run every planned config; with ``campaign``, keep each finished run there and skip the
     runs kept under the same config (``forgetless.bench.campaign``). ``jobs`` > 1 runs them in
-    that many worker processes with ``threads`` CPU threads each (``forgetless.bench.jobs``)."""
+    that many worker processes with ``threads`` CPU threads each (``forgetless.bench.jobs``);
+    ``cluster`` (an executor and its job settings) sends each run to a cluster job instead
+    (``forgetless.bench.cluster``)."""
     check_jobs(jobs)
     planned = plan_runs(base, variants, seeds, orders, out_dir, first_seed)
     summaries: dict[int, dict[str, Any]] = {}
@@ -150,20 +154,26 @@ def run_bench(
         if record is not None:
             console.print(f"{label}: {variant.name} kept in {kept}")
             summaries[position] = record["summary"]
-        elif jobs > 1:
+        elif jobs > 1 or cluster is not None:
             todo.append((position, cfg.model_dump(mode="json"), folder))
         else:
             console.print(f"[bold]{label}[/]: {variant.name} → {folder}")
             finished(position, Runner(cfg, folder, console, progress=progress).run().to_json())
     if todo:
-        per_job = threads_per_job(jobs, threads)
-        console.print(f"{len(todo)} runs on {jobs} workers, {per_job} thread(s) each")
 
         def announce(position: int, results: dict[str, Any]) -> None:
             finished(position, results)
             console.print(f"finished {planned[position][0].name} → {planned[position][1]}")
 
-        run_parallel(todo, jobs, per_job, announce)
+        if cluster is not None:
+            kind, spec = cluster
+            logs = out_dir / "cluster-logs"
+            console.print(f"{len(todo)} runs sent to {kind} jobs (logs in {logs})")
+            run_on_cluster(todo, kind, spec, logs, announce)
+        else:
+            per_job = threads_per_job(jobs, threads)
+            console.print(f"{len(todo)} runs on {jobs} workers, {per_job} thread(s) each")
+            run_parallel(todo, jobs, per_job, announce)
     runs = [summaries[i] for i in range(len(planned))]
     bench = {
         "schema_version": 1,

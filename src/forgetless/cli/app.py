@@ -235,6 +235,13 @@ def bench(
         Optional[int],  # noqa: UP045
         typer.Option(min=1, help="CPU threads per run (default: the cores shared out by --jobs)."),
     ] = None,
+    cluster: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            help="Send each run to a cluster job: slurm (through submitit; job settings in the "
+            "config's bench.cluster), or local (the same jobs as processes here)."
+        ),
+    ] = None,
 ) -> None:
     """Run methods side by side on one sequence, seeds and budget; write bench.json + report."""
     from forgetless.bench.sweep import run_bench
@@ -269,6 +276,7 @@ def bench(
         campaign=campaign,
         jobs=jobs,
         threads=threads,
+        cluster=None if cluster is None else (cluster, section.cluster),
     )
     console.print(bench_screen_table(result["rows"]))
     md_path, html_path = write_report(out_dir)
