@@ -164,7 +164,16 @@ def _shard_worker(rank: int, init: str, out: str) -> None:
             for a, b in zip(trained.state_dict().values(), fresh.state_dict().values(), strict=True)
         )
         shard = next(fresh.parameters())
-        record = {"same": same, "local": list(sharding.local(shard).shape)}
+        name = next(n for n, _ in fresh.named_parameters())
+        state = {"fisher": {name: torch.arange(512.0).view(32, 16)}, "lam": 2.0, "other": {}}
+        split = sharding.shard_state_like(state, fresh)
+        back = sharding.gather_state(split)
+        record = {
+            "same": same,
+            "local": list(sharding.local(shard).shape),
+            "state_local": list(sharding.local(split["fisher"][name]).shape),
+            "state_back": bool(torch.equal(back["fisher"][name], state["fisher"][name])),
+        }
         Path(out, f"{rank}.json").write_text(json.dumps(record), encoding="utf-8")
     finally:
         dist.destroy_process_group()
@@ -174,6 +183,8 @@ def test_a_sharded_model_is_gathered_to_one_file_and_split_again(tmp_path: Path)
     got = _on_two_processes(_shard_worker, tmp_path)
     assert all(r["same"] for r in got)
     assert [r["local"] for r in got] == [[16, 16], [16, 16]]  # half of the 32 × 16 embedding
+    assert [r["state_local"] for r in got] == [[16, 16], [16, 16]]  # state split like its weight
+    assert all(r["state_back"] for r in got)  # and gathered whole for saving
     names = set(load_file(str(tmp_path / "full.safetensors")))
     assert "lm_head.weight" in names and "model.embed_tokens.weight" not in names  # tied: once
 

@@ -229,6 +229,17 @@ def scale_for_reduction(loss: torch.Tensor, share: float) -> torch.Tensor:
     return loss if size == 1 else loss * (share * size)
 
 
+def parameter_term(value: torch.Tensor, share: float) -> torch.Tensor:
+    """A loss term that depends on the parameters only (a penalty toward an anchor), as a
+    process adds it. Under DDP every process adds it whole and the reducer averages. Under FSDP2
+    its gradient reaches each process's shard directly, outside FSDP's averaging, so it is
+    divided here by what ``scale_for_reduction`` multiplies: the shard gets the term's own
+    gradient, and the token-share-weighted sum that is logged is still the term."""
+    if not sharded():
+        return value
+    return value / (share * world_size())
+
+
 @contextmanager
 def no_gradient_sync(wrapped: nn.Module, skip: bool) -> Iterator[None]:
     """Let a micro-batch's gradients accumulate locally (``skip``): the wrapper reduces once,

@@ -140,3 +140,43 @@ def load_full_state(model: nn.Module, state: dict[str, torch.Tensor], where: str
                 value.to_local().copy_(part.to_local())
             else:
                 value.copy_(full)
+
+
+def replicated(value: torch.Tensor) -> torch.Tensor:
+    """A ``DTensor`` made whole on every process (a collective); other tensors as they are.
+    Gradients flow back to each process's shard."""
+    from torch.distributed.tensor import DTensor
+
+    return value.full_tensor() if isinstance(value, DTensor) else value
+
+
+def gather_state(state: Any) -> Any:
+    """A method's state with every ``DTensor`` gathered whole (every process must call it):
+    what is saved is what a one-process run saves."""
+    if isinstance(state, dict):
+        return {k: gather_state(v) for k, v in state.items()}
+    if isinstance(state, torch.Tensor):
+        return replicated(state).detach()
+    return state
+
+
+def shard_state_like(state: Any, model: nn.Module) -> Any:
+    """A saved method state with each tensor stored under a parameter's name (and of its shape)
+    split like that parameter, so element-wise state stays beside its shard on resume."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    params = dict(model.named_parameters())
+
+    def split(value: Any, key: str | None) -> Any:
+        if isinstance(value, dict):
+            return {k: split(v, k) for k, v in value.items()}
+        param = params.get(key) if key is not None else None
+        if not (isinstance(value, torch.Tensor) and isinstance(param, DTensor)):
+            return value
+        if tuple(value.shape) != tuple(param.shape):
+            return value
+        return distribute_tensor(
+            value.to(param.device), param.device_mesh, param.placements, src_data_rank=None
+        )
+
+    return split(state, None)

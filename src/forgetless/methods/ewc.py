@@ -21,6 +21,7 @@ from forgetless.contract.method import (
     register_method,
     trainable_parameters,
 )
+from forgetless.core import distributed, sharding
 from forgetless.engine.loop import causal_lm_loss
 from forgetless.tasks.formatting import Features, collate
 
@@ -32,7 +33,10 @@ def ewc_penalty(params: Tensors, fisher: Tensors, anchor: Tensors, lam: float) -
     if not fisher:
         raise ValueError("ewc_penalty needs at least one Fisher tensor")
     terms = [(f * (params[n].float() - anchor[n].float()).pow(2)).sum() for n, f in fisher.items()]
-    return 0.5 * lam * torch.stack(terms).sum()
+    total = terms[0]
+    for term in terms[1:]:  # added one by one: sums of sharded tensors cannot be stacked
+        total = total + term
+    return 0.5 * lam * total
 
 
 def online_fisher(old: Tensors | None, new: Tensors, gamma: float) -> dict[str, torch.Tensor]:
@@ -107,6 +111,7 @@ class EWC(Method[EWCConfig]):
 
     name = "ewc"
     carry_only = "anchors weights by name"
+    unsharded = None  # Fisher and anchor are element-wise: each process keeps its shards
     config_cls = EWCConfig
     smoke: ClassVar[dict[str, Any]] = {"lam": 1e4, "fisher_samples": 8, "fisher_batch_size": 4}
     capabilities = frozenset({Capability.LOSS_TERMS, Capability.TASK_END, Capability.STATE})
@@ -126,7 +131,8 @@ class EWC(Method[EWCConfig]):
         live = {n: f for n, f in self.fisher.items() if n in params}
         if not live:
             return {"ewc": outputs.logits.new_zeros((), dtype=torch.float32)}
-        return {"ewc": ewc_penalty(params, live, self.anchor, self.config.lam)}
+        penalty = sharding.replicated(ewc_penalty(params, live, self.anchor, self.config.lam))
+        return {"ewc": distributed.parameter_term(penalty, ctx.batch_share)}
 
     def on_task_end(self, ctx: TaskEndContext) -> None:
         task = ctx.task

@@ -272,7 +272,10 @@ class Runner:
         if missing:
             raise ConfigError(f"cannot resume: checkpoint missing: {missing[0]}")
         self.finetuner.restore(ckpts)
-        self.active.load_state_dict(load_method_state(ckpts[-1]))
+        state = load_method_state(ckpts[-1])
+        if distributed.sharded():
+            state = sharding.shard_state_like(state, self.finetuner.model)
+        self.active.load_state_dict(state)
 
     def _probe_logprobs(self, model: nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]]:
         n, max_len = self.cfg.eval.kl_examples, self.cfg.train.max_length
@@ -443,6 +446,8 @@ class Runner:
         """The method's state reduced over processes by its ``reduce_ops``; every process then
         holds what is saved, so a resumed run and an uninterrupted one go on alike."""
         state = method.state_dict()
+        if distributed.sharded():  # each process computed its shards from the same data
+            return dict(sharding.gather_state(state))
         if distributed.world_size() == 1 or not method.reduce_ops:
             return state
         reduced: dict[str, Any] = distributed.reduce_state(state, method.reduce_ops)
