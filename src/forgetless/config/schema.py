@@ -15,6 +15,7 @@ from pydantic import (
     model_validator,
 )
 
+from forgetless.config.budget import BudgetConfig
 from forgetless.config.evaluation import (
     LmEvalProbe,
     ScorerConfig,
@@ -350,6 +351,11 @@ class RunConfig(Strict):
         default_factory=lambda: method_config("seq_ft"),
         description="Forgetting control: a method name, or {name: ..., its options}.",
     )
+    budget: BudgetConfig | None = Field(
+        None,
+        description="A forgetting budget the runner holds by steering the method's strength "
+        "(docs/budget.md); None: the method's strength as configured.",
+    )
 
     @field_validator("method", mode="before")
     @classmethod
@@ -362,6 +368,23 @@ class RunConfig(Strict):
         broken = registry.lora_rule_broken(method, self.finetune.mode, self.finetune.lora.regime)
         if broken:
             raise ValueError(broken)
+        return self
+
+    @model_validator(mode="after")
+    def _budget_fits(self) -> RunConfig:
+        if self.budget is None:
+            return self
+        method = registry.lookup(self.method.name)
+        if getattr(method, "knob", None) is None:
+            raise ValueError(
+                f"budget: method {self.method.name!r} has no strength to steer (no knob)"
+            )
+        if self.budget.controller == "adaptive_kl" and self.method.name != "kl_sft":
+            raise ValueError("budget.controller adaptive_kl steers kl_sft's β: method kl_sft")
+        if not self.probes:
+            raise ValueError("budget: needs probes to measure what is kept")
+        if self.train.checkpoint_every is not None:
+            raise ValueError("budget: train.checkpoint_every is not supported under a budget yet")
         return self
 
     @model_validator(mode="after")

@@ -133,6 +133,23 @@ class Stage:
     plan: TrainPlan
 
 
+@dataclass(frozen=True)
+class Knob:
+    """The strength a forgetting budget steers (``forgetless.engine.budget``).
+
+    ``field`` names a config field the method reads while it trains (EWC's ``lam``, KL-SFT's
+    ``beta``); with ``learning_rate`` the knob is a factor on the loop's learning rate instead,
+    recorded under ``field``. ``keeps_more`` says which way holds more of the base; the
+    controller keeps the value in ``[low, high]``.
+    """
+
+    field: str
+    keeps_more: Literal["higher", "lower"]
+    low: float
+    high: float
+    learning_rate: bool = False
+
+
 ConfigT = TypeVar("ConfigT", bound=MethodConfig)
 
 
@@ -159,6 +176,8 @@ class Method(Generic[ConfigT]):
     )
     """Why the method cannot run on a sharded model (FSDP2), or None when it can. Checked by
     :func:`sharding_rule_broken`, at ``validate --fsdp`` and when a sharded run starts."""
+    knob: ClassVar[Knob | None] = None
+    """The strength a forgetting budget steers, or None (the method cannot run under one)."""
     carry_only: ClassVar[str | None] = None
     """When set, why the method needs one adapter for the whole sequence under LoRA (regime
     ``carry``): it keeps per-weight state by name. Checked with ``lora_regimes`` by
@@ -169,6 +188,19 @@ class Method(Generic[ConfigT]):
 
     def uses(self, capability: Capability) -> bool:
         return capability in self.capabilities
+
+    def knob_value(self) -> float:
+        """The knob's value the method starts from (1.0 for a learning-rate factor)."""
+        knob = self.knob
+        if knob is None:
+            raise TypeError(f"method {self.name!r} has no knob")
+        return 1.0 if knob.learning_rate else float(getattr(self.config, knob.field))
+
+    def set_knob(self, value: float) -> None:
+        """Set a config knob (a learning-rate knob is applied by the loop, not here)."""
+        knob = self.knob
+        if knob is not None and not knob.learning_rate:
+            setattr(self.config, knob.field, value)
 
     def on_task_start(self, ctx: TaskContext) -> None:
         raise NotImplementedError

@@ -17,6 +17,7 @@ from transformers import get_scheduler
 from forgetless.contract.method import Batch, Capability, LossFn, Method, StepContext, TaskContext
 from forgetless.contract.plan import TrainPlan, TrainStats
 from forgetless.core import distributed, sharding
+from forgetless.engine.budget import BudgetMonitor
 from forgetless.engine.progress import Progress
 from forgetless.engine.resources import peak_memory_mb
 from forgetless.engine.step_checkpoint import LoopProgress, StepCheckpointer
@@ -126,6 +127,8 @@ class StepLoop:
     on_skip: Callable[[NonFiniteError], None] | None = None
     """Called for each step dropped under ``on_nonfinite: skip``."""
     checkpointer: StepCheckpointer | None = None
+    monitor: BudgetMonitor | None = None
+    """Holds a forgetting budget: checks it between steps and steers the method's knob."""
     _trained: nn.Module | None = field(default=None, init=False, repr=False)
     """The module the training forward goes through (``distributed.for_training``)."""
     """Writes step checkpoints and resumes from the last one (None: no step checkpoints)."""
@@ -146,6 +149,8 @@ class StepLoop:
         optimizer = make_optimizer(params, plan)
         scheduler = get_scheduler(plan.scheduler, optimizer, plan.warmup_steps, plan.steps)
         done = self._resume(optimizer, scheduler)
+        if self.monitor is not None:
+            self.monitor.loop_started(optimizer, scheduler)
         stream = batches(features, plan.batch_size, plan.seed, done.step * plan.grad_accum)
         self.model.train()
         start = time.perf_counter() - done.seconds
@@ -166,6 +171,8 @@ class StepLoop:
                 )
                 optimizer.zero_grad(set_to_none=True)  # after every step, a skipped one included
                 scheduler.step()
+                if self.monitor is not None:
+                    self.monitor.after_step(step, self.model, optimizer, scheduler)
                 done.step, done.seconds = step + 1, time.perf_counter() - start
                 if self.checkpointer is not None and self.checkpointer.due(done.step, plan.steps):
                     check_finite_weights(params, self.ctx.task.name, step)

@@ -26,6 +26,7 @@ from forgetless.contract.method import (
     TaskEndContext,
 )
 from forgetless.contract.plan import TrainPlan, TrainStats
+from forgetless.engine.budget import BudgetMonitor
 from forgetless.engine.loop import NonFiniteError, StepLoop
 from forgetless.engine.progress import Progress
 from forgetless.engine.step_checkpoint import StepCheckpointer
@@ -63,6 +64,8 @@ class TaskSession:
     """Where a method's stage may write (``Stage.out_dir``)."""
     label: str = "train"
     """The progress bar's label for the task's own loop."""
+    monitor: BudgetMonitor | None = None
+    """Holds a forgetting budget in every loop of the task (``forgetless.engine.budget``)."""
     calls: list[LoopCall] = field(default_factory=list)
     """Every run of the shared loop, with its step times (for benchmarks)."""
 
@@ -116,6 +119,7 @@ class TaskSession:
         loop = StepLoop(
             model, self.method, self.ctx, self.pad_id, self.progress, stepped, self.on_skip
         )
+        loop.monitor = self.monitor
         if self.checkpointer is not None and plan is not None:
             loop.checkpointer = self.checkpointer(folder, plan)
         return loop

@@ -22,6 +22,7 @@ from forgetless.attribution.importance import (
 from forgetless.attribution.relevance import relevance_session
 from forgetless.contract.method import (
     Capability,
+    Knob,
     Method,
     MethodConfig,
     MethodState,
@@ -97,6 +98,9 @@ class AttributionGate(Method[AttributionGateConfig]):
     name = "attribution_gate"
     carry_only = "keeps its map by parameter name"
     config_cls = AttributionGateConfig
+    knob = Knob(
+        "strength", keeps_more="higher", low=1e-3, high=1.0
+    )  # budget: s in the gate 1 − s·R̄
     smoke: ClassVar[dict[str, Any]] = {"max_samples": 4}
     capabilities = frozenset(
         {

@@ -12,6 +12,7 @@ from torch import nn
 from forgetless.contract.method import (
     Batch,
     Capability,
+    Knob,
     Method,
     MethodConfig,
     MethodState,
@@ -113,6 +114,8 @@ class EWC(Method[EWCConfig]):
     carry_only = "anchors weights by name"
     unsharded = None  # Fisher and anchor are element-wise: each process keeps its shards
     config_cls = EWCConfig
+    knob = Knob("lam", keeps_more="higher", low=1.0, high=1e9)
+    """Under a budget: λ, the penalty weight."""
     smoke: ClassVar[dict[str, Any]] = {"lam": 1e4, "fisher_samples": 8, "fisher_batch_size": 4}
     capabilities = frozenset({Capability.LOSS_TERMS, Capability.TASK_END, Capability.STATE})
     window_ok = True  # its penalty reads the weights, never the logits

@@ -11,6 +11,7 @@ from torch import nn
 from forgetless.contract.method import (
     Batch,
     Capability,
+    Knob,
     Method,
     MethodConfig,
     StepContext,
@@ -83,6 +84,8 @@ class KLSFT(Method[KLSFTConfig]):
 
     name = "kl_sft"
     config_cls = KLSFTConfig
+    knob = Knob("beta", keeps_more="higher", low=1e-4, high=1e3)
+    """Under a budget: β, the KL weight."""
     smoke: ClassVar[dict[str, Any]] = {"beta": 0.1}
     capabilities = frozenset({Capability.TASK_START, Capability.LOSS_TERMS})
 

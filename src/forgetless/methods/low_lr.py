@@ -6,7 +6,14 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from forgetless.contract.method import Capability, Method, MethodConfig, Stage, register_method
+from forgetless.contract.method import (
+    Capability,
+    Knob,
+    Method,
+    MethodConfig,
+    Stage,
+    register_method,
+)
 from forgetless.contract.plan import TrainStats
 
 
@@ -36,6 +43,9 @@ class LowLR(Method[LowLRConfig]):
 
     name = "low_lr"
     config_cls = LowLRConfig
+    knob = Knob(
+        "lr_factor", keeps_more="lower", low=0.01, high=10.0, learning_rate=True
+    )  # budget: a factor on its reduced learning rate
     unsharded = None  # the shared loop only: runs on FSDP2 shards
     smoke: ClassVar[dict[str, Any]] = {"lr_scale": 0.1}
     capabilities = frozenset({Capability.TRAIN_STAGE})

@@ -10,6 +10,7 @@ from pydantic import Field
 
 from forgetless.contract.method import (
     Capability,
+    Knob,
     Method,
     MethodConfig,
     MethodState,
@@ -118,6 +119,9 @@ class Replay(Method[ReplayConfig]):
 
     name = "replay"
     config_cls = ReplayConfig
+    knob = Knob(
+        "ratio", keeps_more="higher", low=0.01, high=0.95
+    )  # budget: the share of each batch replayed
     smoke: ClassVar[dict[str, Any]] = {"buffer_size": 16, "ratio": 0.5}
     capabilities = frozenset({Capability.BATCH_TRANSFORM, Capability.TASK_END, Capability.STATE})
 

@@ -22,6 +22,7 @@ from torch import Tensor
 from forgetless.contract.method import (
     Batch,
     Capability,
+    Knob,
     Method,
     MethodConfig,
     MethodState,
@@ -368,6 +369,9 @@ class SAEFD(Method[SAEFDConfig]):
 
     name = "sae_fd"
     config_cls = SAEFDConfig
+    knob = Knob(
+        "rho", keeps_more="higher", low=0.01, high=0.95
+    )  # budget: ρ, the target share of the distillation loss (λ adapts toward it)
     smoke: ClassVar[dict[str, Any]] = {"sae_cache": "run", "sae": {"steps": 20, "n_per_task": 4}}
     capabilities = frozenset(
         {

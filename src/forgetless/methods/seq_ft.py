@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from forgetless.contract.method import Method, MethodConfig, register_method
+from forgetless.contract.method import Knob, Method, MethodConfig, register_method
 
 
 class SeqFTConfig(MethodConfig):
@@ -23,4 +23,7 @@ class SeqFT(Method[SeqFTConfig]):
 
     name = "seq_ft"
     config_cls = SeqFTConfig
+    knob = Knob(
+        "lr_scale", keeps_more="lower", low=0.01, high=1.0, learning_rate=True
+    )  # budget: its learning rate (low_lr's knob), up to the configured one
     unsharded = None  # the shared loop only: runs on FSDP2 shards

@@ -37,6 +37,7 @@ from forgetless.core.storage import (
     remove_stale_temps,
     save_method_state,
 )
+from forgetless.engine.budget import BudgetMonitor, budget_miss_line
 from forgetless.engine.loop import NonFiniteError, steps_for_epochs
 from forgetless.engine.progress import Progress
 from forgetless.engine.session import TaskSession
@@ -54,6 +55,7 @@ from forgetless.tasks.formatting import Features, encode_training_set, unknown_t
 from forgetless.tasks.general import prose_paragraphs
 from forgetless.tasks.loaders import build_task
 from forgetless.training.base_row import base_row_path, load_base_row, store_base_row
+from forgetless.training.budget_probe import budget_measure, full_probe_loss
 from forgetless.training.outdir import OutDirLock
 from forgetless.training.pretrain import ensure_base_model
 from forgetless.training.results import Results
@@ -151,6 +153,7 @@ class Runner:
         self.encoded = self._encode_remaining(results)
         self.base_logprobs = self._probe_logprobs(model) if cfg.eval.kl_drift and probes else None
         self.prose = self._prose_base(model) if cfg.eval.prose else None
+        self.monitor = self._budget_monitor(model, results) if cfg.budget else None
         if results.completed_tasks:
             self._restore(results.completed_tasks)
         try:
@@ -415,6 +418,8 @@ class Runner:
             )
         ctx = self._context(index, features)
         plan = self._plan(index, self.cfg.tasks[index - 1], len(features))
+        if self.monitor is not None:
+            self.monitor.begin_task(plan.steps)
         skipped: list[NonFiniteError] = []
         session = self._session(ctx, skipped.append)
         try:
@@ -435,7 +440,8 @@ class Runner:
             session.end(evals, stats)
             save_method_state(tmp, self._reduced_state(method))
         layout = {"processes": distributed.world_size(), "parallel": distributed.layout()}
-        results.per_task.append({"task": task.name, **stats.as_dict(), **layout})
+        budget = self._budget_row(task.name, results)
+        results.per_task.append({"task": task.name, **stats.as_dict(), **layout, **budget})
         results.write(self.out_dir)
         step_dir = RunDir(self.out_dir).step_checkpoint(index, task.name)
         if distributed.is_main_process() and step_dir.is_dir():
@@ -469,7 +475,40 @@ class Runner:
             on_skip,
             checkpointer,
             self.out_dir,
+            monitor=self.monitor,
         )
+
+    def _budget_monitor(self, base: nn.Module, results: Results) -> BudgetMonitor:
+        """The forgetting budget's monitor, its probe batch measured now on the base."""
+        cfg = self.cfg
+        assert cfg.budget is not None
+        with self.console.status("measuring the base on the budget's probe batch"):
+            measure = budget_measure(
+                cfg.budget, base, self.tokenizer, self.probes, cfg.train.max_length
+            )
+        monitor = BudgetMonitor(cfg.budget, self.active, measure)
+        done = [t["budget"]["end_value"] for t in results.per_task if "budget" in t]
+        if done:  # a resumed run goes on with the knob where its last task left it
+            monitor.value = done[-1]
+            self.active.set_knob(done[-1])
+        return monitor
+
+    def _budget_row(self, task: str, results: Results) -> dict[str, Any]:
+        """The task's budget trace, and whether the full evaluation probes kept the budget; a
+        budget not kept is said in one line and recorded as an event, with the best found."""
+        budget = self.cfg.budget
+        if self.monitor is None or budget is None:
+            return {}
+        summary = self.monitor.summary()
+        loss = full_probe_loss(budget, results)
+        kept = loss is None or loss <= budget.max_loss
+        summary.update(metric=budget.metric, max_loss=budget.max_loss, loss_full=loss, kept=kept)
+        if not kept:
+            line = budget_miss_line(task, budget.metric, budget.max_loss, loss, self.monitor)
+            self.console.print(f"warning: {line}", markup=False, highlight=False)
+            results.events.append({"type": "budget", "action": "not_kept", "task": task})
+            summary["warning"] = line
+        return {"budget": summary}
 
     def _checkpointer(
         self, folder: Path, method: Method, plan: TrainPlan

@@ -1,0 +1,64 @@
+"""The ``budget:`` section: how much general ability a run may lose, and how it is held."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from forgetless.strict import StrictModel
+
+
+class BudgetConfig(StrictModel):
+    """A forgetting budget: during training the runner measures ``metric`` on a small held-out
+    probe batch every ``check_every`` steps and steers the method's strength (its knob) to keep
+    the loss within ``max_loss`` while learning as much as it can."""
+
+    metric: Literal["retention", "kl_to_base"] = Field(
+        "retention",
+        description="retention: the probes' retention above chance (docs/metrics.md), max_loss "
+        "is the allowed drop from 1; kl_to_base: token KL(base ‖ model) on the probe batch's "
+        "completions, in nats per token.",
+    )
+    max_loss: float = Field(
+        0.05, gt=0, description="The most the metric may lose (retention) or reach (KL)."
+    )
+    check_every: int | None = Field(
+        None,
+        ge=1,
+        description="Steps between checks (None: 5% of each task's steps, at least 1).",
+    )
+    probe_batch: int = Field(
+        32,
+        ge=4,
+        description="Examples of the probe batch, shared out over the probes, drawn from their "
+        "training split (apart from the evaluation examples).",
+    )
+    controller: Literal["dual", "adaptive_kl"] = Field(
+        "dual",
+        description="dual: log-space dual ascent on the knob from the measured loss; "
+        "adaptive_kl: the adaptive KL controller of Ziegler et al. 2019 (β of kl_sft, steered "
+        "toward a KL target), the field's baseline.",
+    )
+    step_size: float = Field(
+        0.5,
+        gt=0,
+        description="η of the dual step: the knob moves by exp(±η·v) per check, v the relative "
+        "violation clipped to [-1, 1].",
+    )
+    horizon: int = Field(
+        10000,
+        ge=1,
+        description="adaptive_kl only: Ziegler et al.'s horizon (β changes by at most "
+        "±20% · steps/horizon per update).",
+    )
+
+    @model_validator(mode="after")
+    def _adaptive_kl_targets_kl(self) -> BudgetConfig:
+        if self.controller == "adaptive_kl" and self.metric != "kl_to_base":
+            raise ValueError("budget.controller adaptive_kl holds a KL target: metric kl_to_base")
+        return self
+
+    def every(self, task_steps: int) -> int:
+        """The check interval for a task of ``task_steps`` steps."""
+        return self.check_every or max(1, task_steps // 20)

@@ -1,0 +1,74 @@
+"""What a forgetting budget measures: its held-out probe batch during training, and the full
+evaluation probes at the end of each task (``forgetless.engine.budget`` steers the knob)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+from torch import nn
+
+from forgetless.config.budget import BudgetConfig
+from forgetless.errors import ConfigError
+from forgetless.eval.generation import completion_logprobs, kl_drift
+from forgetless.eval.metrics import probe_retention
+from forgetless.eval.scorers import chance_level, score_task
+from forgetless.tasks.base import Task
+
+
+def probe_batch(probes: list[Task], size: int) -> list[Task]:
+    """Each probe with ``size`` examples shared out over the probes as its evaluation set,
+    drawn from its training split: never the examples the evaluation rows score."""
+    per_probe = math.ceil(size / len(probes))
+    short = [p.name for p in probes if len(p.train) < per_probe]
+    if short:
+        raise ConfigError(
+            f"budget.probe_batch: probe {short[0]!r} has fewer than {per_probe} training "
+            "examples to draw the probe batch from"
+        )
+    return [dataclasses.replace(p, eval=p.train[:per_probe]) for p in probes]
+
+
+def budget_measure(
+    cfg: BudgetConfig, base: nn.Module, tokenizer: Any, probes: list[Task], max_length: int
+) -> Callable[[nn.Module], float]:
+    """The budget's loss on the probe batch, measured against ``base`` (called now, on the
+    base model): one minus the retention above chance, or the token KL to the base."""
+    batch = probe_batch(probes, cfg.probe_batch)
+    if cfg.metric == "kl_to_base":
+        reference = [completion_logprobs(base, tokenizer, p.eval, max_length) for p in batch]
+
+        def kl(model: nn.Module) -> float:
+            now = [completion_logprobs(model, tokenizer, p.eval, max_length) for p in batch]
+            pairs = [kl_drift(b, n)[0] for b, n in zip(reference, now, strict=True)]
+            return sum(pairs) / len(pairs)
+
+        return kl
+    size = max(len(p.eval) for p in batch)
+    base_scores = [score_task(base, tokenizer, p, size).accuracy for p in batch]
+    chance = [chance_level(p) for p in batch]
+    if probe_retention(base_scores, base_scores, chance) is None:
+        raise ConfigError(
+            "budget: no probe scores above chance on the probe batch at the base: "
+            "nothing for the budget to keep"
+        )
+
+    def retention_loss(model: nn.Module) -> float:
+        now = [score_task(model, tokenizer, p, size).accuracy for p in batch]
+        kept = probe_retention(base_scores, now, chance)
+        return 1.0 - (kept if kept is not None else 1.0)
+
+    return retention_loss
+
+
+def full_probe_loss(cfg: BudgetConfig, results: Any) -> float | None:
+    """The budget's loss on the full evaluation probes of the latest row (None: not measured)."""
+    if cfg.metric == "kl_to_base":
+        value = results.kl_base_to_model[-1]
+        return None if value is None else float(value)
+    kept = probe_retention(
+        results.probe_accuracy[0], results.probe_accuracy[-1], results.probe_chance or None
+    )
+    return None if kept is None else 1.0 - kept
