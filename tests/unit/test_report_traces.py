@@ -21,3 +21,17 @@ def test_traces_follow_the_tasks_and_skip_runs_without_them(tmp_path: Path) -> N
     picture = traces(results, tmp_path / "traces.png")
     assert picture is not None and picture.stat().st_size > 1000
     assert traces({"per_task": [{"details": {}}]}, tmp_path / "none.png") is None
+
+
+def test_a_budgets_knob_and_measured_loss_are_plotted(tmp_path: Path) -> None:
+    def task(values: list[float], losses: list[float]) -> dict[str, object]:
+        trace = [
+            {"step": 2 * i, "value": v, "loss": x} for i, (v, x) in enumerate(zip(values, losses))
+        ]
+        return {"budget": {"knob": "lam", "metric": "retention", "trace": trace}}
+
+    results = {"per_task": [task([1.0, 2.0], [0.1, 0.06]), task([2.0, 1.5], [0.04, 0.03])]}
+    found = method_traces(results)
+    assert found["lam (budget)"] == [[1.0, 2.0], [2.0, 1.5]]
+    assert found["budget loss (retention)"] == [[0.1, 0.06], [0.04, 0.03]]
+    assert traces(results, tmp_path / "budget.png") is not None

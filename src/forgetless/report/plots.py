@@ -104,6 +104,13 @@ def method_traces(results: dict[str, Any]) -> dict[str, list[list[float]]]:
     """Each recorded series, one list per task (empty for a task without it)."""
     out: dict[str, list[list[float]]] = {}
     for task in results.get("per_task", []):
+        budget = task.get("budget")
+        if isinstance(budget, dict) and budget.get("trace"):
+            checks = budget["trace"]
+            out.setdefault(f"{budget['knob']} (budget)", []).append([e["value"] for e in checks])
+            out.setdefault(f"budget loss ({budget['metric']})", []).append(
+                [e["loss"] for e in checks]
+            )
         for details in (task.get("details") or {}).values():
             if not isinstance(details, dict):
                 continue
@@ -129,7 +136,7 @@ def traces(results: dict[str, Any], path: Path) -> Path | None:
             ax.text(start, ax.get_ylim()[1], f" task {index + 1}", va="top", fontsize=7)
             start += len(series)
         ax.set_ylabel(key)
-    axes[-1, 0].set_xlabel("micro-batch")
+    axes[-1, 0].set_xlabel("micro-batch (a method's series) or check (a budget's)")
     fig.suptitle("The method's strength along the sequence")
     return _save(fig, path)
 
