@@ -26,7 +26,8 @@ def test_traces_follow_the_tasks_and_skip_runs_without_them(tmp_path: Path) -> N
 def test_a_budgets_knob_and_measured_loss_are_plotted(tmp_path: Path) -> None:
     def task(values: list[float], losses: list[float]) -> dict[str, object]:
         trace = [
-            {"step": 2 * i, "value": v, "loss": x} for i, (v, x) in enumerate(zip(values, losses))
+            {"step": 2 * i, "value": v, "loss": x}
+            for i, (v, x) in enumerate(zip(values, losses, strict=True))
         ]
         return {"budget": {"knob": "lam", "metric": "retention", "trace": trace}}
 
