@@ -72,6 +72,14 @@ class Results:
             "base_to_model": self.kl_base_to_model[-1],
             "model_to_base": self.kl_model_to_base[-1],
         }
+        budgets = [t["budget"] for t in self.per_task if "budget" in t]
+        if budgets:
+            out["budget"] = {
+                "kept_every_task": all(b["kept"] for b in budgets),
+                "tasks_kept": sum(bool(b["kept"]) for b in budgets),
+                "check_seconds": round(sum(b["seconds"] for b in budgets), 3),
+                "end_value": budgets[-1]["end_value"],
+            }
         return out
 
     def to_json(self) -> dict[str, Any]:
