@@ -50,6 +50,10 @@ TASKS = re.compile(r"(<!-- tasks-table: (\S+) -->\n)(.*?)(<!-- /tasks-table -->)
 MEMORY = re.compile(r"(<!-- memory-table: (\d+) -->\n)(.*?)(<!-- /memory-table -->)", re.S)
 CLAIMS_BLOCK = re.compile(r"(<!-- claims-table: (\S+) -->\n)(.*?)(<!-- /claims-table -->)", re.S)
 CONFIGS = ROOT / "benchmarks" / "configs"
+SECTION = re.compile(r"(<!-- results-section: (\d) -->\n)(.*?)(<!-- /results-section -->)", re.S)
+"""A block quoting section N (1-based) of benchmarks/RESULTS.md, which benchmarks/run renders
+from benchmarks/RESULTS.json: the README's costs are the benchmarks' own, never retyped."""
+RESULTS_MD = ROOT / "benchmarks" / "RESULTS.md"
 CAMPAIGN_COLUMNS = [
     ("average_accuracy", "avg acc"),
     ("bwt", "BWT"),
@@ -269,8 +273,20 @@ def rewrite(text: str) -> str:
     def memory(match: re.Match[str]) -> str:
         return match.group(1) + memory_table(int(match.group(2))) + match.group(4)
 
+    def section(match: re.Match[str]) -> str:
+        return match.group(1) + results_section(int(match.group(2))) + match.group(4)
+
     text = TASKS.sub(tasks, CAMPAIGN.sub(campaign, BLOCK.sub(table, text)))
-    return MEMORY.sub(memory, CLAIMS_BLOCK.sub(claims, text))
+    return SECTION.sub(section, MEMORY.sub(memory, CLAIMS_BLOCK.sub(claims, text)))
+
+
+def results_section(number: int) -> str:
+    """Section ``number`` of benchmarks/RESULTS.md (its ``## `` title and everything under it)."""
+    parts = re.split(r"(?m)^(?=## )", RESULTS_MD.read_text(encoding="utf-8"))[1:]
+    if not 1 <= number <= len(parts):
+        raise ValueError(f"benchmarks/RESULTS.md has no section {number}")
+    body = parts[number - 1].split("\n", 1)[1].strip("\n")
+    return body + "\n"
 
 
 def _claim_runs(claim: dict[str, Any]) -> dict[tuple[str, int], dict[str, Any]]:

@@ -106,3 +106,12 @@ def test_the_memory_model_follows_the_zero_accounting() -> None:
     assert per_device_gb(7e9, kl, False, "DDP", 8) == pytest.approx(126.0)  # + a bf16 reference
     lora = per_device_gb(7e9, seq_ft, True, "DDP", 8)
     assert lora == pytest.approx((7e9 * 0.995 * 2 + 7e9 * 0.005 * 16) / 1e9)
+
+
+def test_the_readme_quotes_the_benchmarks_own_tables() -> None:
+    targets = render_tables.results_section(1)
+    assert targets.startswith("| what | measured | target | met |")
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert targets in readme  # the costs are RESULTS.md's, never retyped
+    with pytest.raises(ValueError, match="no section 99"):
+        render_tables.results_section(99)
