@@ -144,3 +144,27 @@ def gold_loglik(
         per_example.append((total / mask.sum(-1).clamp(min=1)).cpu())
     model.train(was_training)
     return float(torch.cat(per_example).mean())
+
+
+@torch.no_grad()
+def teacher_forced_match(
+    model: nn.Module, tokenizer: Any, examples: list[Example], max_length: int
+) -> list[bool]:
+    """Per example, whether the model's argmax is the gold token at every completion position
+    (its end-of-turn or EOS included), given the gold prefix: one forward pass for the batch.
+    By induction this is greedy decoding producing exactly the gold completion, so it agrees
+    with exact match except where the scorer accepts another spelling (surrounding spaces) or
+    the gold is longer than the task's ``max_new_tokens``."""
+    device = next(model.parameters()).device
+    feats = [encode_example(tokenizer, e, max_length) for e in examples]
+    pad_id = (
+        tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    )
+    batch = {k: v.to(device) for k, v in collate(feats, pad_id).items()}
+    was_training = model.training
+    model.eval()
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    model.train(was_training)
+    labels = batch["labels"][:, 1:]
+    hit = (logits[:, :-1].argmax(-1) == labels) | (labels == IGNORE_INDEX)
+    return [bool(row) for row in hit.all(dim=1).cpu()]

@@ -12,10 +12,10 @@ from torch import nn
 
 from forgetless.config.budget import BudgetConfig
 from forgetless.errors import ConfigError
-from forgetless.eval.generation import completion_logprobs, kl_drift
+from forgetless.eval.generation import completion_logprobs, kl_drift, teacher_forced_match
 from forgetless.eval.metrics import probe_retention
 from forgetless.eval.scorers import chance_level, score_task
-from forgetless.tasks.base import Task
+from forgetless.tasks.base import Task, exact_match
 
 
 def probe_batch(probes: list[Task], size: int) -> list[Task]:
@@ -46,8 +46,11 @@ def budget_measure(
             return sum(pairs) / len(pairs)
 
         return kl
-    size = max(len(p.eval) for p in batch)
-    base_scores = [score_task(base, tokenizer, p, size).accuracy for p in batch]
+
+    def scores(model: nn.Module) -> list[float]:
+        return [accuracy(model, tokenizer, p, max_length) for p in batch]
+
+    base_scores = scores(base)
     chance = [chance_level(p) for p in batch]
     if probe_retention(base_scores, base_scores, chance) is None:
         raise ConfigError(
@@ -56,11 +59,21 @@ def budget_measure(
         )
 
     def retention_loss(model: nn.Module) -> float:
-        now = [score_task(model, tokenizer, p, size).accuracy for p in batch]
-        kept = probe_retention(base_scores, now, chance)
+        kept = probe_retention(base_scores, scores(model), chance)
         return 1.0 - (kept if kept is not None else 1.0)
 
     return retention_loss
+
+
+def accuracy(model: nn.Module, tokenizer: Any, probe: Task, max_length: int) -> float:
+    """The probe's accuracy on its batch: for exact match, teacher-forced (one forward pass, the
+    same verdict as greedy decoding but for another spelling the scorer would accept); for any
+    other scorer, the scorer itself."""
+    exact = probe.scoring is None or probe.scoring.kind == "exact_match"
+    if exact and probe.scorer is exact_match:
+        hits = teacher_forced_match(model, tokenizer, probe.eval, max_length)
+        return sum(hits) / len(hits)
+    return score_task(model, tokenizer, probe, len(probe.eval)).accuracy
 
 
 def full_probe_loss(cfg: BudgetConfig, results: Any) -> float | None:

@@ -1,0 +1,36 @@
+"""The budget's cheap accuracy: teacher-forced exact match gives greedy decoding's verdicts, but
+for answers exact match accepts in another spelling (a trailing space, then no end token)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from forgetless.config.loading import load_config
+from forgetless.eval.generation import evaluate_task, teacher_forced_match
+from forgetless.models.loading import load_model_and_tokenizer
+from forgetless.training.pretrain import SHIPPED_BASE
+from forgetless.training.runner import load_tasks
+
+NOISE = 0.05
+
+
+@pytest.mark.parametrize("probe", ["copy", "upper", "facts", "add"])
+def test_teacher_forced_match_agrees_with_greedy_decoding(probe: str) -> None:
+    cfg = load_config(None, preset="tiny")
+    cfg.model.name_or_path = str(SHIPPED_BASE)
+    model, tokenizer = load_model_and_tokenizer(cfg.model, str(SHIPPED_BASE))
+    task = load_tasks([t for t in cfg.probes if t.display_name == probe], cfg)[0]
+    task = dataclasses.replace(task, eval=task.train[:48])
+    torch.manual_seed(0)
+    with torch.no_grad():  # a damaged base: some answers right, some wrong
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * NOISE)
+    greedy = evaluate_task(model, tokenizer, task, 48).correct
+    forced = teacher_forced_match(model, tokenizer, task.eval, cfg.train.max_length)
+    assert 0 < sum(greedy) < len(greedy), sum(greedy)
+    assert all(g for f, g in zip(forced, greedy, strict=True) if f)  # forced right: greedy right
+    agree = sum(f == g for f, g in zip(forced, greedy, strict=True)) / len(greedy)
+    assert agree >= 0.95, agree  # the rest: an answer the scorer takes with a trailing space
