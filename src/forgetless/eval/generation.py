@@ -91,6 +91,15 @@ def completion_logprobs(
     Returns ``(logp, mask)`` with ``logp`` of shape (batch, positions, vocab) aligned to predict
     the next token, and ``mask`` selecting the completion positions.
     """
+    logits, labels = _teacher_forced(model, tokenizer, examples, max_length)
+    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    return logp.cpu(), (labels[:, 1:] != IGNORE_INDEX).cpu()
+
+
+def _teacher_forced(
+    model: nn.Module, tokenizer: Any, examples: list[Example], max_length: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The logits of prompt + gold completion in one batch (eval mode), and the labels."""
     device = next(model.parameters()).device
     feats = [encode_example(tokenizer, e, max_length) for e in examples]
     pad_id = (
@@ -101,8 +110,7 @@ def completion_logprobs(
     model.eval()
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     model.train(was_training)
-    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-    return logp.cpu(), (batch["labels"][:, 1:] != IGNORE_INDEX).cpu()
+    return logits, batch["labels"]
 
 
 def kl_drift(
@@ -155,16 +163,7 @@ def teacher_forced_match(
     By induction this is greedy decoding producing exactly the gold completion, so it agrees
     with exact match except where the scorer accepts another spelling (surrounding spaces) or
     the gold is longer than the task's ``max_new_tokens``."""
-    device = next(model.parameters()).device
-    feats = [encode_example(tokenizer, e, max_length) for e in examples]
-    pad_id = (
-        tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    )
-    batch = {k: v.to(device) for k, v in collate(feats, pad_id).items()}
-    was_training = model.training
-    model.eval()
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    model.train(was_training)
-    labels = batch["labels"][:, 1:]
+    logits, labels = _teacher_forced(model, tokenizer, examples, max_length)
+    labels = labels[:, 1:]
     hit = (logits[:, :-1].argmax(-1) == labels) | (labels == IGNORE_INDEX)
     return [bool(row) for row in hit.all(dim=1).cpu()]
