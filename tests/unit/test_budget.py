@@ -91,3 +91,17 @@ def test_every_declared_knob_is_a_field_its_default_inside_the_bounds() -> None:
         assert knob.low <= value <= knob.high or knob.learning_rate, (name, value)
         method.set_knob(knob.low)
         assert method.knob_value() == (1.0 if knob.learning_rate else knob.low), name
+
+
+def test_the_attribution_gate_takes_a_new_strength_within_the_task() -> None:
+    from forgetless.testing import method_class
+
+    cls = method_class("attribution_gate")
+    gate = cls(cls.config_cls())
+    layer = torch.nn.Linear(2, 2, bias=False)
+    gate.importance = {"weight": torch.tensor([[1.0, 0.5], [0.0, 0.25]])}
+    gate._gated = gate._gate_factors(layer, seed=0)
+    keep = gate._gated[0][2]  # the tensor the gradient hook multiplies by
+    torch.testing.assert_close(keep, torch.tensor([[0.0, 0.5], [1.0, 0.75]]))
+    gate.set_knob(0.5)
+    torch.testing.assert_close(keep, torch.tensor([[0.5, 0.75], [1.0, 0.875]]))

@@ -98,9 +98,8 @@ class AttributionGate(Method[AttributionGateConfig]):
     name = "attribution_gate"
     carry_only = "keeps its map by parameter name"
     config_cls = AttributionGateConfig
-    knob = Knob(
-        "strength", keeps_more="higher", low=1e-3, high=1.0
-    )  # budget: s in the gate 1 − s·R̄
+    knob = Knob("strength", keeps_more="higher", low=1e-3, high=1.0)
+    """Under a budget: s in the gate 1 − s·R̄, rewritten in place when it moves."""
     smoke: ClassVar[dict[str, Any]] = {"max_samples": 4}
     capabilities = frozenset(
         {
@@ -117,12 +116,21 @@ class AttributionGate(Method[AttributionGateConfig]):
         self.importance: dict[str, torch.Tensor] = {}
         self.tasks_seen = 0
         self._gated: list[tuple[str, nn.Parameter, torch.Tensor]] = []
+        self._maps: Mapping[str, torch.Tensor] = {}
+        """The maps the gates of this task come from (permuted under the control)."""
 
     def register_hooks(self, ctx: TaskContext) -> list[torch.utils.hooks.RemovableHandle]:
         self._gated = self._gate_factors(ctx.model, ctx.run.seed)
         if self.config.gate != "gradient":
             return []
         return [param.register_hook(_scaler(keep)) for _, param, keep in self._gated]
+
+    def set_knob(self, value: float) -> None:
+        """A new strength s acts at once: the gates ``1 − s·R̄`` are rewritten in place, so the
+        gradient hooks and the update gate of the running task use it from the next step."""
+        super().set_knob(value)
+        for name, _, keep in self._gated:
+            keep.copy_(keep_factor(self._maps[name], keep.dtype, value))
 
     def gate_update(
         self, model: nn.Module, pre_step: dict[str, torch.Tensor], ctx: StepContext
@@ -170,6 +178,7 @@ class AttributionGate(Method[AttributionGateConfig]):
         maps = self.importance
         if self.config.control == "permuted" and maps:
             maps = permuted_maps(maps, seed * 1000 + self.tasks_seen)
+        self._maps = maps
         strength = self.config.strength
         return [
             (name, param, keep_factor(maps[name], param.dtype, strength).to(param.device))
