@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 from cli_runs import cli, results, write_config
 
 from forgetless.testing import tiny_run_config
@@ -31,6 +32,7 @@ def test_a_budget_out_of_reach_strengthens_the_method_and_says_so(
     assert {"type": "budget", "action": "not_kept", "task": "cipher"} in data["events"]
 
 
+@pytest.mark.slow
 def test_a_loose_budget_lets_the_learning_rate_rise_to_the_configured_one(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:

@@ -15,8 +15,8 @@ from conftest import tiny_run_config
 from forgetless.testing import smoke_method
 
 SLOW = pytest.mark.slow
-CASES = [
-    pytest.param("seq_ft", "full"),
+CASES = [  # the fast tier keeps one two-process run: the sharded seq_ft one below
+    pytest.param("seq_ft", "full", marks=SLOW),
     pytest.param("ewc", "full", marks=SLOW),
     pytest.param("replay", "full", marks=SLOW),
     pytest.param("attribution_gate", "full", marks=SLOW),
