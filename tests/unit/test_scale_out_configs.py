@@ -200,3 +200,18 @@ def test_cluster_settings_are_checked_before_anything_is_submitted(tmp_path: Pat
         pop_bench_section(typo, "c.yaml")
     assert "\n" not in str(err.value)
     assert not list(tmp_path.iterdir())  # no job folder was made
+
+
+def test_a_parameter_term_is_left_alone_unless_sharded(monkeypatch: Any) -> None:
+    value = torch.tensor(3.0)
+    assert distributed.parameter_term(value, 0.25) is value  # one process, or DDP
+    monkeypatch.setattr(distributed, "sharded", lambda: True)
+    monkeypatch.setattr(distributed, "world_size", lambda: 2)
+    shares = (0.25, 0.75)  # what each process scales by share × 2 afterwards
+    scaled = [
+        float(distributed.scale_for_reduction(distributed.parameter_term(value, s), s))
+        for s in shares
+    ]
+    assert scaled == [3.0, 3.0]  # each shard gets the term's own gradient
+    logged = sum(s * float(distributed.parameter_term(value, s)) for s in shares)
+    assert logged == pytest.approx(3.0)  # and the token-share-weighted log is the term
