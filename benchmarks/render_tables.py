@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from claims_table import bench_runs, load_claims, render_section  # benchmarks/ is on sys.path
+from budget_claims import render_budget  # benchmarks/ is on sys.path
+from claims_table import bench_runs, load_claims, render_section
 from memory_model import table as memory_table
 
 from forgetless.bench.campaign import config_key, load_record
@@ -54,6 +55,7 @@ SECTION = re.compile(r"(<!-- results-section: (\d) -->\n)(.*?)(<!-- /results-sec
 """A block quoting section N (1-based) of benchmarks/RESULTS.md, which benchmarks/run renders
 from benchmarks/RESULTS.json: the README's costs are the benchmarks' own, never retyped."""
 RESULTS_MD = ROOT / "benchmarks" / "RESULTS.md"
+BUDGET = re.compile(r"(<!-- budget-claims: (\S+) -->\n)(.*?)(<!-- /budget-claims -->)", re.S)
 CAMPAIGN_COLUMNS = [
     ("average_accuracy", "avg acc"),
     ("bwt", "BWT"),
@@ -276,8 +278,13 @@ def rewrite(text: str) -> str:
     def section(match: re.Match[str]) -> str:
         return match.group(1) + results_section(int(match.group(2))) + match.group(4)
 
+    def budget(match: re.Match[str]) -> str:
+        _, seeds, runs, _ = _kept_runs(match.group(2))
+        return match.group(1) + render_budget(runs, seeds) + match.group(4)
+
     text = TASKS.sub(tasks, CAMPAIGN.sub(campaign, BLOCK.sub(table, text)))
-    return SECTION.sub(section, MEMORY.sub(memory, CLAIMS_BLOCK.sub(claims, text)))
+    text = SECTION.sub(section, MEMORY.sub(memory, CLAIMS_BLOCK.sub(claims, text)))
+    return BUDGET.sub(budget, text)
 
 
 def results_section(number: int) -> str:

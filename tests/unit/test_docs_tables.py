@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -115,3 +116,34 @@ def test_the_readme_quotes_the_benchmarks_own_tables() -> None:
     assert targets in readme  # the costs are RESULTS.md's, never retyped
     with pytest.raises(ValueError, match="no section 99"):
         render_tables.results_section(99)
+
+
+def test_budget_claims_follow_their_rules(tmp_path: Path) -> None:
+    from budget_claims import render_budget
+
+    spec = tmp_path / "arms.yaml"
+    arms = {"budget": "b", "max_loss": 0.1, "plain": "p", "grid": ["g1", "g2", "g3"]}
+    spec.write_text(yaml.safe_dump({"arms": [arms]}), encoding="utf-8")
+
+    def run(gain: float, retention: float, seconds: float, kept: bool | None = None) -> dict:
+        metrics: dict[str, object] = {"gain": gain, "retention": retention}
+        if kept is not None:
+            metrics["budget"] = {"kept_every_task": kept}
+        return {"metrics": metrics, "train_seconds": seconds}
+
+    seeds = [0, 1, 2]
+    runs = {}
+    for s in seeds:
+        runs[("b", s)] = run(0.80 + 0.01 * s, 0.95, 11.0, kept=True)
+        runs[("p", s)] = run(0.9, 0.5, 10.0)
+        runs[("g1", s)] = run(0.60, 0.95, 10.0)  # keeps it, learns less
+        runs[("g2", s)] = run(0.79 + 0.01 * s, 0.92, 10.0)  # keeps it: the oracle
+        runs[("g3", s)] = run(0.95, 0.70, 10.0)  # learns more, over budget
+    row = render_budget(runs, seeds, spec).splitlines()[2]
+    assert "100% kept; **supported**" in row
+    assert "vs `g2`: +0.010 ± 0.000; **non-inferior**" in row
+    assert "1.10× `p`; **met**" in row
+    for s in seeds:  # the arm learns 0.1 less than the oracle: inferior
+        runs[("b", s)] = run(0.69 + 0.01 * s, 0.95, 12.0, kept=s != 0)
+    row = render_budget(runs, seeds, spec).splitlines()[2]
+    assert "67% kept; **not supported**" in row and "**inferior**" in row and "**not met**" in row
