@@ -33,6 +33,7 @@ FSDP2 = Path(__file__).parents[1] / "examples" / "accelerate" / "cpu_2proc_fsdp2
 METHODS = {
     "seq_ft": ({"name": "seq_ft"}, "full"),
     "low_lr": ({"name": "low_lr"}, "full"),
+    "kl_sft": ({"name": "kl_sft", "beta": 1.0}, "full"),
     "ewc": ({"name": "ewc", "lam": 1e4, "fisher_samples": 8, "fisher_batch_size": 4}, "full"),
     "replay": ({"name": "replay", "buffer_size": 16, "ratio": 0.5}, "full"),
     "attribution_gate": ({"name": "attribution_gate", "max_samples": 4}, "full"),

@@ -61,7 +61,8 @@ def test_two_processes_match_one(
 
 
 @pytest.mark.parametrize(
-    "method", ["seq_ft", pytest.param("low_lr", marks=SLOW), pytest.param("ewc", marks=SLOW)]
+    "method",
+    ["seq_ft", *(pytest.param(m, marks=SLOW) for m in ("low_lr", "ewc", "replay", "kl_sft"))],
 )
 def test_two_sharded_processes_match_one(tiny_model_dir: Path, tmp_path: Path, method: str) -> None:
     """FSDP2 (``fully_shard``, gloo): each process holds half of every weight, FSDP

@@ -84,6 +84,8 @@ class KLSFT(Method[KLSFTConfig]):
 
     name = "kl_sft"
     config_cls = KLSFTConfig
+    # Runs beside FSDP2 shards: the frozen reference stays whole on each process.
+    unsharded = None
     knob = Knob("beta", keeps_more="higher", low=1e-4, high=1e3)
     """Under a budget: β, the KL weight."""
     smoke: ClassVar[dict[str, Any]] = {"beta": 0.1}

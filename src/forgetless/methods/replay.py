@@ -119,6 +119,7 @@ class Replay(Method[ReplayConfig]):
 
     name = "replay"
     config_cls = ReplayConfig
+    unsharded = None  # its memory holds examples, not weights: runs on FSDP2 shards
     knob = Knob(
         "ratio", keeps_more="higher", low=0.01, high=0.95
     )  # budget: the share of each batch replayed
