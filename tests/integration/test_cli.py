@@ -91,7 +91,7 @@ def test_validate_runs_nothing(
 @pytest.mark.parametrize(
     ("override", "expected"),
     [
-        ("method.name=replay", "method 'replay' does not run sharded (FSDP2): it keeps state"),
+        ("method.name=mtl", "method 'mtl' does not run sharded (FSDP2): it keeps state"),
         ("finetune.mode=lora", "finetune.mode lora does not run sharded (FSDP2) yet"),
         ("train.checkpoint_every=2", "train.checkpoint_every: step checkpoints are not"),
     ],
