@@ -9,7 +9,15 @@ from typing import Any
 
 import pytest
 import torch
-from cli_runs import cli, final_state, results, step_losses, two_processes, write_config
+from cli_runs import (
+    cli,
+    final_state,
+    killed_at,
+    results,
+    step_losses,
+    two_processes,
+    write_config,
+)
 from conftest import tiny_run_config
 
 from forgetless.testing import smoke_method
@@ -85,5 +93,26 @@ def test_two_sharded_processes_match_one(tiny_model_dir: Path, tmp_path: Path, m
     assert state_one.keys() == state_two.keys()
     for name, tensors in state_one.items():
         assert tensors.keys() == state_two[name].keys(), name  # tied weights saved once, alike
+        for key, value in tensors.items():
+            torch.testing.assert_close(state_two[name][key], value, rtol=1e-3, atol=1e-4)
+
+
+@SLOW
+def test_a_run_killed_on_one_process_resumes_sharded(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The task-1 checkpoint (weights and EWC's Fisher and anchor, whole) is split over two
+    sharded processes on resume, and task 2 goes on as in an uninterrupted run."""
+    raw = _config(tiny_model_dir, "ewc", "full")
+    raw["method"]["lam"] = 1e9
+    config = write_config(tmp_path, raw)
+    cli(config, tmp_path / "one")
+    killed_at("between_tasks", 1, config, tmp_path / "two")
+    assert len(results(tmp_path / "two")["per_task"]) == 1
+    two_processes(config, tmp_path / "two", fsdp=True)
+    one, two = step_losses(tmp_path / "one"), step_losses(tmp_path / "two")
+    for a, b in zip(one, two, strict=True):
+        assert b == pytest.approx(a, rel=1e-5, abs=1e-6)
+    assert results(tmp_path / "two")["per_task"][1]["parallel"] == "fsdp2"
+    state_one, state_two = final_state(tmp_path / "one"), final_state(tmp_path / "two")
+    for name, tensors in state_one.items():
         for key, value in tensors.items():
             torch.testing.assert_close(state_two[name][key], value, rtol=1e-3, atol=1e-4)
