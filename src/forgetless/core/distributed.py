@@ -25,7 +25,7 @@ import torch.distributed as dist
 from accelerate import PartialState
 from torch import nn
 
-from forgetless.core.sharding import fsdp_launch, is_sharded
+from forgetless.core.sharding import fsdp_launch, is_sharded, truthy
 from forgetless.errors import ConfigError
 
 T = TypeVar("T")
@@ -100,7 +100,7 @@ def start() -> PartialState:
     """
     state = PartialState(cpu=not torch.cuda.is_available())
     kind = str(state.distributed_type).rsplit(".", 1)[-1]
-    flagged = [v for k, v in SHARDED_LAUNCH_FLAGS.items() if _truthy(os.environ.get(k, ""))]
+    flagged = [v for k, v in SHARDED_LAUNCH_FLAGS.items() if truthy(os.environ.get(k, ""))]
     kind = flagged[0] if flagged else kind
     if kind == "FSDP" and fsdp_launch() == 2:
         return state  # FSDP2: the runner shards the model (core.sharding)
@@ -121,10 +121,6 @@ def layout() -> str:
 def sharded() -> bool:
     """Whether this run shards its model (an FSDP2 launch of more than one process)."""
     return world_size() > 1 and fsdp_launch() == 2
-
-
-def _truthy(value: str) -> bool:
-    return value.strip().lower() in ("1", "true", "yes")
 
 
 def launch_warning() -> str | None:

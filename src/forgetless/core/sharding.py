@@ -27,13 +27,14 @@ from forgetless.errors import CheckpointError, ConfigError
 FSDP_FLAG, VERSION_FLAG = "ACCELERATE_USE_FSDP", "FSDP_VERSION"
 
 
-def _truthy(value: str) -> bool:
+def truthy(value: str) -> bool:
+    """An environment flag as accelerate writes it ("true", "1", "yes")."""
     return value.strip().lower() in ("1", "true", "yes")
 
 
 def fsdp_launch() -> int | None:
     """The FSDP version ``accelerate launch`` asked for (None: not a sharded launch)."""
-    if not _truthy(os.environ.get(FSDP_FLAG, "")):
+    if not truthy(os.environ.get(FSDP_FLAG, "")):
         return None
     return int(os.environ.get(VERSION_FLAG, "1") or "1")
 
@@ -65,7 +66,7 @@ def shard_model(model: nn.Module) -> nn.Module:
         )
     device = "cuda" if torch.cuda.is_available() else "cpu"
     mesh = init_device_mesh(device, (dist.get_world_size(),))
-    reshard = _truthy(os.environ.get("FSDP_RESHARD_AFTER_FORWARD", "true"))
+    reshard = truthy(os.environ.get("FSDP_RESHARD_AFTER_FORWARD", "true"))
     for block in blocks:
         fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
