@@ -17,6 +17,7 @@ devices; ZeRO-2 divides only gradients and optimizer state.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 TRAINABLE_BYTES = 16.0
 """bf16 weight + bf16 gradient + fp32 master weight + two fp32 AdamW moments."""
@@ -30,25 +31,37 @@ STRATEGIES = ("DDP", "ZeRO-2", "FSDP / ZeRO-3")
 
 @dataclass(frozen=True)
 class MethodMemory:
-    """What a method keeps besides the trained model, in bytes per parameter."""
+    """What a method keeps besides the trained model: parameter-sized tensors, by their width."""
 
-    per_trainable: float = 0.0
-    """Element-wise state of every trainable weight (sharded with it under FSDP / ZeRO-3)."""
-    per_weight: float = 0.0
-    """Copies of the whole model (a frozen reference: sharded too when wrapped alike)."""
+    trainable_widths: tuple[float, ...] = ()
+    """Bytes per element of each element-wise copy of the trainable weights (sharded with them
+    under FSDP / ZeRO-3)."""
+    weight_widths: tuple[float, ...] = ()
+    """Bytes per element of each copy of the whole model (a frozen reference: sharded too when
+    wrapped alike)."""
     why: str = ""
+
+    @property
+    def per_trainable(self) -> float:
+        return sum(self.trainable_widths)
+
+    @property
+    def per_weight(self) -> float:
+        return sum(self.weight_widths)
 
 
 METHODS = {
     "seq_ft": MethodMemory(why="the model and AdamW"),
     "replay": MethodMemory(why="a buffer of examples (token-sized)"),
-    "ewc": MethodMemory(6.0, why="fp32 Fisher + bf16 anchor weights"),
-    "kl_sft": MethodMemory(0.0, 2.0, "a frozen bf16 reference model"),
+    "ewc": MethodMemory((4.0, 2.0), why="fp32 Fisher + bf16 anchor weights"),
+    "kl_sft": MethodMemory((), (2.0,), "a frozen bf16 reference model"),
     "low_lr": MethodMemory(why="the model and AdamW"),
-    "anchored": MethodMemory(0.0, 2.0, "a frozen bf16 reference (the SFT model)"),
-    "attribution_gate": MethodMemory(4.0, why="fp16 importance map + bf16 pre-step snapshot"),
+    "anchored": MethodMemory((), (2.0,), "a frozen bf16 reference (the SFT model)"),
+    "attribution_gate": MethodMemory(
+        (2.0, 2.0), why="fp16 importance map + bf16 pre-step snapshot"
+    ),
     "sae_fd": MethodMemory(why="an SAE of one layer and anchors (token-sized)"),
-    "task_arithmetic": MethodMemory(4.0, why="bf16 task start and merged state"),
+    "task_arithmetic": MethodMemory((2.0, 2.0), why="bf16 task start and merged state"),
     "o_lora": MethodMemory(why="past adapters (LoRA-sized)"),
 }
 
@@ -89,6 +102,23 @@ def table(devices: int = 8) -> str:
             ]
             regime = "LoRA" if lora else "full"
             lines.append(f"| `{name}` | {regime} | " + " | ".join(cells) + f" | {method.why} |")
+    return "\n".join(lines) + "\n"
+
+
+def check_table(report: dict[str, Any]) -> str:
+    """Markdown: ``memory_check.py``'s measured parameter-sized tensors beside the model's."""
+    lines = [
+        "| method | regime | model: extra tensors | measured | extra bytes per trainable weight"
+        " (float32 run) | match |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in report["rows"]:
+        regime = "LoRA" if row["mode"] == "lora" else "full"
+        lines.append(
+            f"| `{row['method']}` | {regime} | {row['predicted_copies']:.2f} "
+            f"| {row['measured_copies']:.2f} | {row['extra_bytes_per_trainable']:.1f} "
+            f"| {'yes' if row['match'] else '**no**'} |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -27,13 +27,18 @@ from run_all import commit, machine  # benchmarks/ is on sys.path
 from forgetless.config.loading import validate_config
 from forgetless.config.presets import smollm2_config_dict
 from forgetless.core.storage import atomic_write_json
-from forgetless.engine.loop import causal_lm_loss, completion_window
+from forgetless.engine.loop import causal_lm_loss
 from forgetless.eval.scorers import choice_loglikelihoods
 from forgetless.models.finetuner import Finetuner
 from forgetless.models.loading import load_model_and_tokenizer
 from forgetless.tasks.base import Example
 from forgetless.tasks.builtin import build_builtin_task
-from forgetless.tasks.formatting import collate, encode_prompt, encode_training_set
+from forgetless.tasks.formatting import (
+    collate,
+    completion_window,
+    encode_prompt,
+    encode_training_set,
+)
 
 OUT = Path(__file__).parent / "results" / "real_speedups.json"
 

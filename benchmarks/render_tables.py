@@ -17,8 +17,9 @@ task's base accuracy and its accuracy after training on it alone.
 A claims table (``<!-- claims-table: SECTION -->`` … ``<!-- /claims-table -->``) renders the
 claims of ``benchmarks/claims.yaml`` in that section with verdicts by rule (``claims_table.py``).
 A memory table (``<!-- memory-table: DEVICES -->`` … ``<!-- /memory-table -->``) renders
-``memory_model.py``'s bytes per device. ``--check`` exits 1 when a document differs from
-what its data renders (a test runs it).
+``memory_model.py``'s bytes per device; a memory check (``<!-- memory-check: FILE -->``) renders
+``memory_check.py``'s measured tensors beside the model's. ``--check`` exits 1 when a document
+differs from what its data renders (a test runs it).
 
     python benchmarks/render_tables.py [--check] [FILES...]
 """
@@ -35,6 +36,7 @@ from typing import Any
 import yaml
 from budget_claims import render_budget  # benchmarks/ is on sys.path
 from claims_table import bench_runs, load_claims, render_section
+from memory_model import check_table
 from memory_model import table as memory_table
 
 from forgetless.bench.campaign import config_key, load_record
@@ -49,6 +51,7 @@ BLOCK = re.compile(r"(<!-- bench-table: (\S+) -->\n)(.*?)(<!-- /bench-table -->)
 CAMPAIGN = re.compile(r"(<!-- campaign-table: (\S+) -->\n)(.*?)(<!-- /campaign-table -->)", re.S)
 TASKS = re.compile(r"(<!-- tasks-table: (\S+) -->\n)(.*?)(<!-- /tasks-table -->)", re.S)
 MEMORY = re.compile(r"(<!-- memory-table: (\d+) -->\n)(.*?)(<!-- /memory-table -->)", re.S)
+MEMORY_CHECK = re.compile(r"(<!-- memory-check: (\S+) -->\n)(.*?)(<!-- /memory-check -->)", re.S)
 CLAIMS_BLOCK = re.compile(r"(<!-- claims-table: (\S+) -->\n)(.*?)(<!-- /claims-table -->)", re.S)
 CONFIGS = ROOT / "benchmarks" / "configs"
 SECTION = re.compile(r"(<!-- results-section: (\d) -->\n)(.*?)(<!-- /results-section -->)", re.S)
@@ -275,6 +278,10 @@ def rewrite(text: str) -> str:
     def memory(match: re.Match[str]) -> str:
         return match.group(1) + memory_table(int(match.group(2))) + match.group(4)
 
+    def checked(match: re.Match[str]) -> str:
+        report = json.loads((RESULTS / match.group(2)).read_text(encoding="utf-8"))
+        return match.group(1) + check_table(report) + match.group(4)
+
     def section(match: re.Match[str]) -> str:
         return match.group(1) + results_section(int(match.group(2))) + match.group(4)
 
@@ -284,7 +291,7 @@ def rewrite(text: str) -> str:
 
     text = TASKS.sub(tasks, CAMPAIGN.sub(campaign, BLOCK.sub(table, text)))
     text = SECTION.sub(section, MEMORY.sub(memory, CLAIMS_BLOCK.sub(claims, text)))
-    return BUDGET.sub(budget, text)
+    return MEMORY_CHECK.sub(checked, BUDGET.sub(budget, text))
 
 
 def results_section(number: int) -> str:

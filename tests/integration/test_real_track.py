@@ -17,13 +17,13 @@ from torch import nn
 from forgetless.config.loading import validate_config
 from forgetless.config.presets import smollm2_config_dict
 from forgetless.config.schema import ModelConfig
-from forgetless.engine.loop import causal_lm_loss, completion_window
+from forgetless.engine.loop import causal_lm_loss
 from forgetless.eval.prose import encode_prose, prose_base, prose_row
 from forgetless.eval.scorers import EndsTurn, alias_verdict, choice_loglikelihoods
 from forgetless.models.loading import load_model_and_tokenizer
 from forgetless.tasks.base import Example, Task
 from forgetless.tasks.builtin import build_builtin_task
-from forgetless.tasks.formatting import IGNORE_INDEX, encode_prompt
+from forgetless.tasks.formatting import IGNORE_INDEX, completion_window, encode_prompt
 from forgetless.tasks.general import prose_paragraphs, questions
 from forgetless.training.runner import Runner
 

@@ -28,7 +28,7 @@ from forgetless.diagnostics.circuits import (
 )
 from forgetless.models.tiny import build_char_tokenizer, build_tiny_model
 from forgetless.tasks.base import Example
-from forgetless.tasks.formatting import IGNORE_INDEX, collate, encode_example
+from forgetless.tasks.formatting import IGNORE_INDEX, collate, completion_window, encode_example
 
 TOKENIZER = build_char_tokenizer()
 GQA = TinyModelConfig(
@@ -81,9 +81,13 @@ def test_all_ones_is_clean_and_all_zeros_is_counterfactual(arch: str, kind: str)
         clean = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
         ones = masked_logits(model, batch, torch.ones(layout.layers, layout.heads), cf)
         zeros = masked_logits(model, batch, torch.zeros(layout.layers, layout.heads), cf)
-    assert torch.equal(ones, clean)
-    assert torch.equal(zeros, _replaced(model, batch, cf))
-    assert not torch.allclose(zeros, clean, atol=1e-3)
+    window = ones.shape[1]  # the completion window: the prompt's logits are never read
+    assert window == completion_window(batch["labels"]) < clean.shape[1]
+    assert torch.allclose(ones, clean[:, -window:], atol=1e-6)
+    assert torch.allclose(zeros, _replaced(model, batch, cf)[:, -window:], atol=1e-6)
+    assert not torch.allclose(zeros, clean[:, -window:], atol=1e-3)
+    full = target_logprob(clean, batch["labels"])
+    assert torch.allclose(target_logprob(ones, batch["labels"]), full, atol=1e-5)
 
 
 def test_per_row_masks_match_separate_runs() -> None:
@@ -141,10 +145,11 @@ def _head_targets(model: nn.Module) -> tuple[dict[str, torch.Tensor], list[torch
     with torch.no_grad():
         clean = masked_logits(model, batch, torch.ones(2, 4), cf)
         patched = masked_logits(model, batch, torch.zeros(2, 4), cf)
-    promoted = (clean - patched)[:, :-1].argmax(-1)
+    promoted = (clean - patched)[:, :-1].argmax(-1)  # over the completion window
     labels = batch["labels"].clone()
-    keep = labels[:, 1:] != IGNORE_INDEX
-    labels[:, 1:][keep] = promoted[keep]
+    window = labels[:, -clean.shape[1] :]  # a view: writing to it writes to labels
+    keep = window[:, 1:] != IGNORE_INDEX
+    window[:, 1:][keep] = promoted[keep]
     return {**batch, "labels": labels}, cf
 
 

@@ -24,7 +24,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from forgetless.tasks.formatting import IGNORE_INDEX
+from forgetless.tasks.formatting import IGNORE_INDEX, completion_window
 
 Batch = dict[str, torch.Tensor]
 Counterfactual = list[torch.Tensor]
@@ -60,9 +60,10 @@ def o_proj_modules(model: nn.Module) -> list[nn.Module]:
 
 
 def target_logprob(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """``(B,)`` log-probability of each row's target tokens (labels ≠ -100), summed over them."""
+    """``(B,)`` log-probability of each row's target tokens (labels ≠ -100), summed over them.
+    ``logits`` may cover only the trailing positions (``completion_window``)."""
     logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-    target = labels[:, 1:]
+    target = labels[:, -logits.shape[1] :][:, 1:]
     keep = target != IGNORE_INDEX
     picked = logp.gather(-1, target.clamp(min=0).unsqueeze(-1)).squeeze(-1)
     return (picked * keep).sum(dim=1)
@@ -153,11 +154,13 @@ def masked_heads(model: nn.Module, mask: torch.Tensor, cf: Counterfactual) -> It
 def masked_logits(
     model: nn.Module, batch: Batch, mask: torch.Tensor, cf: Counterfactual
 ) -> torch.Tensor:
-    """Logits of ``batch`` with the heads masked; rows are tiled when ``mask`` has more rows."""
+    """Logits of ``batch`` with the heads masked, over its completion window only (the prompt's
+    logits are never read); rows are tiled when ``mask`` has more rows."""
     reps = mask.size(0) // batch["input_ids"].size(0) if mask.dim() == 3 else 1
     ids, attn = batch["input_ids"].repeat(reps, 1), batch["attention_mask"].repeat(reps, 1)
+    keep = completion_window(batch["labels"])
     with masked_heads(model, mask, cf):
-        out: torch.Tensor = model(input_ids=ids, attention_mask=attn).logits
+        out: torch.Tensor = model(input_ids=ids, attention_mask=attn, logits_to_keep=keep).logits
     return out
 
 

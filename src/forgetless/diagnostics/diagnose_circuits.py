@@ -31,7 +31,7 @@ from forgetless.diagnostics.circuits import (
 )
 from forgetless.errors import DataError, ForgetlessError
 from forgetless.tasks.base import Example, Task
-from forgetless.tasks.formatting import collate, encode_example
+from forgetless.tasks.formatting import collate, completion_window, encode_example
 
 EPOCH_LABEL = re.compile(r"^(sft|rl)-epoch-(\d+)$")
 
@@ -131,7 +131,7 @@ LOGIT_BUDGET = 2**28  # float32 logits per effects pass (1 GiB), before log-soft
 def fitting_chunk(model: nn.Module, batch: Batch, chunk: int | None) -> int:
     """Masks per effects pass: at most ``chunk``, and few enough that the tiled batch's logits
     stay within ``LOGIT_BUDGET`` elements (a large vocabulary needs small chunks)."""
-    rows, tokens = batch["input_ids"].shape
+    rows, tokens = batch["labels"].shape[0], completion_window(batch["labels"])
     vocab = int(getattr(model.config, "vocab_size", 1))
     fit = max(1, LOGIT_BUDGET // (rows * tokens * vocab))
     return min(chunk, fit) if chunk else fit

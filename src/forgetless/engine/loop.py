@@ -22,7 +22,7 @@ from forgetless.engine.progress import Progress
 from forgetless.engine.resources import peak_memory_mb
 from forgetless.engine.step_checkpoint import LoopProgress, StepCheckpointer
 from forgetless.errors import TrainingError
-from forgetless.tasks.formatting import IGNORE_INDEX, Features, collate
+from forgetless.tasks.formatting import IGNORE_INDEX, Features, collate, completion_window
 
 
 class NonFiniteError(TrainingError):
@@ -54,17 +54,6 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy over the labelled (completion) positions."""
     shifted = logits[:, :-1].reshape(-1, logits.size(-1)).float()
     return F.cross_entropy(shifted, labels[:, 1:].reshape(-1), ignore_index=IGNORE_INDEX)
-
-
-def completion_window(labels: torch.Tensor) -> int:
-    """How many trailing positions hold every labelled token and the one before each row's
-    first label: what ``logits_to_keep`` needs for the shifted loss (right-padded batches).
-    Skipping the prompt's logits spares most of a large vocabulary's output layer."""
-    labelled = labels != IGNORE_INDEX
-    if not bool(labelled.any()):
-        return labels.shape[1]
-    first = int(labelled.float().argmax(dim=1)[labelled.any(dim=1)].min())
-    return labels.shape[1] - max(first - 1, 0)
 
 
 def batches(

@@ -118,3 +118,14 @@ def collate(features: list[Features], pad_id: int) -> dict[str, torch.Tensor]:
     if all("index" in f for f in features):
         batch["index"] = torch.tensor([f["index"][0] for f in features], dtype=torch.long)
     return batch
+
+
+def completion_window(labels: torch.Tensor) -> int:
+    """How many trailing positions hold every labelled token and the one before each row's
+    first label: what ``logits_to_keep`` needs for a shifted loss (right-padded batches).
+    Skipping the prompt's logits spares most of a large vocabulary's output layer."""
+    labelled = labels != IGNORE_INDEX
+    if not bool(labelled.any()):
+        return labels.shape[1]
+    first = int(labelled.float().argmax(dim=1)[labelled.any(dim=1)].min())
+    return labels.shape[1] - max(first - 1, 0)
