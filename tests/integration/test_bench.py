@@ -12,7 +12,7 @@ import yaml
 from conftest import tiny_run_config
 
 from forgetless.bench.stats import mean_interval, separated
-from forgetless.bench.variants import parse_variant, task_order
+from forgetless.bench.variants import Variant, parse_variant, select_variants, task_order
 from forgetless.cli.app import main, split_variants
 from forgetless.errors import ConfigError
 from forgetless.report.plots import pareto_front
@@ -46,6 +46,13 @@ def test_variant_syntax() -> None:
     ]
     with pytest.raises(ConfigError, match="key=value"):
         parse_variant("seq_ft@oops")
+
+
+def test_methods_pick_the_configs_variants_by_name() -> None:
+    named = [Variant(name="sae_fd-dense", method={"name": "sae_fd", "space": "dense"})]
+    picked = select_variants(["sae_fd-dense", "kl_sft@beta=0.5"], named)
+    assert picked[0] is named[0]  # the config's variant, its settings kept
+    assert picked[1].method == {"name": "kl_sft"} and picked[1].set == ["method.beta=0.5"]
 
 
 def test_task_orders_are_seeded_permutations() -> None:

@@ -59,6 +59,12 @@ def parse_variant(spec: str) -> Variant:
     return Variant(name=spec.strip(), method=method, set=extra)
 
 
+def select_variants(specs: list[str], named: list[Variant]) -> list[Variant]:
+    """The variants ``specs`` ask for: a config variant by its name, else a method spec."""
+    by_name = {v.name: v for v in named}
+    return [by_name.get(spec.strip()) or parse_variant(spec) for spec in specs]
+
+
 def task_order(n_tasks: int, seed: int, order: int) -> list[int]:
     """Order 0 keeps the config's order; order k > 0 is a permutation drawn under (seed, k)."""
     indices = list(range(n_tasks))

@@ -209,7 +209,10 @@ def bench(
     config: ConfigArg = None,
     methods: Annotated[
         Optional[str],  # noqa: UP045
-        typer.Option(help="Variants, e.g. seq_ft,replay,kl_sft@beta=0.5; 'all' = every method."),
+        typer.Option(
+            help="Variants: the config's by name, or methods (seq_ft,kl_sft@beta=0.5); "
+            "'all' = every method."
+        ),
     ] = None,
     seeds: Annotated[Optional[int], typer.Option(help="Seeds per variant.")] = None,  # noqa: UP045
     first_seed: Annotated[
@@ -245,7 +248,7 @@ def bench(
 ) -> None:
     """Run methods side by side on one sequence, seeds and budget; write bench.json + report."""
     from forgetless.bench.sweep import run_bench
-    from forgetless.bench.variants import parse_variant, pop_bench_section
+    from forgetless.bench.variants import parse_variant, pop_bench_section, select_variants
     from forgetless.config.loading import apply_override, config_data
     from forgetless.config.presets import DEMO_BENCH_METHODS
     from forgetless.contract import registered_methods
@@ -259,7 +262,7 @@ def bench(
     if methods == "all":
         variants = [parse_variant(name) for name in sorted(registered_methods())]
     elif methods:
-        variants = [parse_variant(spec) for spec in split_variants(methods)]
+        variants = select_variants(split_variants(methods), section.variants)
     else:
         defaults = [m for m in DEMO_BENCH_METHODS if m in registered_methods()]
         variants = section.variants or [parse_variant(m) for m in defaults]
