@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import shutil
 import warnings
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from memory_model import METHODS
 from method_harness import Bench, add_harness_args, supports  # benchmarks/ is on sys.path
 from peak_memory import add_step_args, run_forked
 from run_all import commit, machine
+from torch.optim import optimizer as hooks
 
 from forgetless.contract.method import registered_methods, trainable_parameters
 from forgetless.core.storage import atomic_write_json
@@ -57,8 +59,6 @@ class PeakCounter:
 
     def __init__(self) -> None:
         self.elements = self.bytes = 0
-        from torch.optim import optimizer as hooks
-
         self.handles = [
             hooks.register_optimizer_step_pre_hook(self._count),
             hooks.register_optimizer_step_post_hook(self._count),
@@ -76,12 +76,15 @@ class PeakCounter:
 def count(name: str, mode: str, args: argparse.Namespace) -> dict[str, Any]:
     """One method's peak live tensors over its second task, with the model's sizes."""
     bench = Bench(name, mode, args)
-    bench.past_task()
-    counter = PeakCounter()
     try:
-        bench.timed_task()
+        bench.past_task()
+        counter = PeakCounter()
+        try:
+            bench.timed_task()
+        finally:
+            counter.close()
     finally:
-        counter.close()
+        shutil.rmtree(bench.work, ignore_errors=True)
     model = bench.finetuner.model
     trainable = sum(p.numel() for p in trainable_parameters(model).values())
     every = sum(p.numel() for p in model.parameters())
