@@ -105,3 +105,46 @@ def test_the_attribution_gate_takes_a_new_strength_within_the_task() -> None:
     torch.testing.assert_close(keep, torch.tensor([[0.0, 0.5], [1.0, 0.75]]))
     gate.set_knob(0.5)
     torch.testing.assert_close(keep, torch.tensor([[0.5, 0.75], [1.0, 0.875]]))
+
+
+def test_the_retention_bound_adds_each_probes_binomial_error() -> None:
+    from forgetless.training.budget_probe import retention_standard_error
+
+    # one probe at 0.5 of 16 examples above chance 0, one at its base 1.0 (no spread)
+    se = retention_standard_error([1.0, 1.0], [0.5, 1.0], [0.0, 0.0], [16, 16])
+    assert se == pytest.approx(math.sqrt(0.25 / 16) / 2)
+    # a probe with chance 0.25 stretches its error by 1 / (base − chance)
+    se = retention_standard_error([0.75], [0.5], [0.25], [16])
+    assert se == pytest.approx(math.sqrt(0.25 / 16) / 0.5)
+    assert retention_standard_error([0.2], [0.2], [0.25], [16]) == 0.0  # none above chance
+
+
+def _monitor(losses: list[float], on_violation: str = "rollback") -> Any:
+    from forgetless.engine.budget import BudgetMonitor
+    from forgetless.testing import method_class
+
+    cls = method_class("ewc")
+    config = BudgetConfig(max_loss=0.1, check_every=1, on_violation=on_violation)  # type: ignore[arg-type]
+    readings = iter(losses)
+    return BudgetMonitor(config, cls(cls.config_cls()), lambda _model: next(readings))
+
+
+@pytest.mark.parametrize("on_violation", ["rollback", "steer"])
+def test_a_check_over_budget_puts_back_the_last_weights_within_it(on_violation: str) -> None:
+    layer = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(layer.parameters(), lr=1.0)
+    monitor = _monitor([0.05, 0.3, 0.3], on_violation)
+    monitor.begin_task(3)
+    monitor.loop_started(layer, optimizer, None)
+    with torch.no_grad():
+        layer.weight.fill_(1.0)
+    monitor.after_step(0, layer, optimizer, None)  # within: 1.0 is kept
+    with torch.no_grad():
+        layer.weight.fill_(2.0)
+    monitor.after_step(1, layer, optimizer, None)  # over: back to 1.0 (rollback)
+    rolled = on_violation == "rollback"
+    assert layer.weight.eq(1.0 if rolled else 2.0).all()
+    assert [bool(e.get("rolled_back")) for e in monitor.trace] == [False, rolled]
+    assert monitor.trace[1]["next"] > monitor.trace[1]["value"]  # λ strengthened either way
+    monitor.loop_finished(2, layer, optimizer, None)  # the last step was no check: one more
+    assert len(monitor.trace) == (3 if rolled else 2) and monitor.nothing_kept() is False

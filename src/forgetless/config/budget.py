@@ -29,16 +29,32 @@ class BudgetConfig(StrictModel):
         description="Steps between checks (None: 5% of each task's steps, at least 1).",
     )
     probe_batch: int = Field(
-        32,
+        128,
         ge=4,
         description="Examples of the probe batch, shared out over the probes, drawn from their "
         "training split (apart from the evaluation examples).",
+    )
+    confidence: float = Field(
+        0.9,
+        ge=0.5,
+        lt=1.0,
+        description="retention only: the loss the controller reads is the upper bound of this "
+        "one-sided confidence on the probe batch's estimate (binomial standard error of each "
+        "probe's accuracy), so that the full evaluation probes keep the budget too; 0.5: the "
+        "estimate itself.",
     )
     controller: Literal["dual", "adaptive_kl"] = Field(
         "dual",
         description="dual: log-space dual ascent on the knob from the measured loss; "
         "adaptive_kl: the adaptive KL controller of Ziegler et al. 2019 (β of kl_sft, steered "
         "toward a KL target), the field's baseline.",
+    )
+    on_violation: Literal["rollback", "steer"] = Field(
+        "rollback",
+        description="dual only. rollback: a check over budget puts the trainable weights back "
+        "to the last check within it (a copy of them is held) and strengthens the knob; the "
+        "task resumes from there, and ends within the budget on the probe batch. steer: only "
+        "the knob moves, so harm done before the knob catches up stays.",
     )
     step_size: float = Field(
         0.5,

@@ -14,6 +14,13 @@ to the base) and moves the method's knob (``Method.knob``):
   Models from Human Preferences", section 2.2), kept as the field's baseline:
   ``β ← β·(1 + e·n/H)`` with ``e = clip(KL/target − 1, −0.2, 0.2)``, ``n`` the steps since the
   last update and ``H`` the horizon.
+
+Under ``dual`` with ``on_violation: rollback`` the monitor also holds a copy of the trainable
+weights at the last check within the budget (the loop's start counts as one: the task starts
+where the last one ended within it). A check over the budget puts those weights back before it
+strengthens the knob, and the loop ends with a last check, so a task never ends over the budget
+on the probe batch: the knob alone moves too late, as the damage of the steps before a check
+stays (a constrained form of early stopping, that keeps learning with the stronger knob).
 """
 
 from __future__ import annotations
@@ -70,6 +77,9 @@ class BudgetMonitor:
     trace: list[dict[str, float]] = field(default_factory=list, init=False)
     seconds: float = field(default=0.0, init=False)
     _since: int = field(default=0, init=False)
+    _kept: list[torch.Tensor] | None = field(default=None, init=False, repr=False)
+    """The trainable weights at the last check within the budget (rollback only)."""
+    _last_check: int = field(default=-1, init=False)
 
     def __post_init__(self) -> None:
         if self.method.knob is None:
@@ -82,31 +92,67 @@ class BudgetMonitor:
         """A new task: its check interval, a fresh trace (the knob carries over)."""
         self.every, self.trace, self.seconds, self._since = self.config.every(task_steps), [], 0, 0
 
-    def loop_started(self, optimizer: torch.optim.Optimizer, scheduler: Any) -> None:
-        """A learning-rate knob scales a new loop's learning rates by the knob's value."""
+    @property
+    def rolls_back(self) -> bool:
+        return self.config.controller == "dual" and self.config.on_violation == "rollback"
+
+    def loop_started(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
+    ) -> None:
+        """A learning-rate knob scales a new loop's learning rates by the knob's value; under
+        rollback the loop's starting weights are the first ones kept."""
         if self.knob.learning_rate:
             _scale_lr(optimizer, scheduler, self.value)
+        self._last_check = -1
+        self._kept = _trainable_copy(model) if self.rolls_back else None
+
+    def loop_finished(
+        self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
+    ) -> None:
+        """After the loop's last step (``step``, 0-based): under rollback, a last check unless
+        that step was one; then the kept copy is let go."""
+        if self.rolls_back and step >= 0 and self._last_check != step:
+            self._check(step, model, optimizer, scheduler)
+        self._kept = None
 
     def after_step(
         self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
     ) -> None:
         """After optimizer step ``step`` (0-based): check and steer every ``every`` steps."""
         self._since += 1
-        if (step + 1) % self.every:
-            return
+        if (step + 1) % self.every == 0:
+            self._check(step, model, optimizer, scheduler)
+
+    def _check(
+        self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
+    ) -> None:
         start = time.perf_counter()
         was_training = model.training
         model.eval()
         with torch.no_grad():
             loss = float(self.measure(model))
+            rolled_back = self._keep_or_restore(model, loss)
         model.train(was_training)
         new = self._next(loss)
         if self.knob.learning_rate:
             _scale_lr(optimizer, scheduler, new / self.value)
         self.method.set_knob(new)
-        self.trace.append({"step": step + 1, "value": self.value, "loss": loss, "next": new})
-        self.value, self._since = new, 0
+        entry = {"step": step + 1, "value": self.value, "loss": loss, "next": new}
+        self.trace.append({**entry, "rolled_back": 1.0} if rolled_back else entry)
+        self.value, self._since, self._last_check = new, 0, step
         self.seconds += time.perf_counter() - start
+
+    def _keep_or_restore(self, model: nn.Module, loss: float) -> bool:
+        """Under rollback: keep the weights within the budget, restore the kept ones otherwise
+        (True: restored)."""
+        if self._kept is None:
+            return False
+        params = _trainable(model)
+        if loss <= self.config.max_loss:
+            torch._foreach_copy_(self._kept, params)
+            return False
+        torch._foreach_copy_(params, self._kept)
+        return True
 
     def _next(self, loss: float) -> float:
         cfg = self.config
@@ -115,6 +161,13 @@ class BudgetMonitor:
             return adaptive_kl_step(self.value, loss, cfg.max_loss, steps, cfg.horizon, self.knob)
         return dual_step(self.value, loss, cfg.max_loss, self.knob, cfg.step_size)
 
+    def nothing_kept(self) -> bool:
+        """Under rollback, every check of the task was over the budget: it ended where it
+        started, as nothing it learned fits inside the budget."""
+        return (
+            self.rolls_back and bool(self.trace) and all(e.get("rolled_back") for e in self.trace)
+        )
+
     def summary(self) -> dict[str, Any]:
         """The task's trace and cost, for ``results.json``."""
         return {
@@ -122,10 +175,19 @@ class BudgetMonitor:
             "controller": self.config.controller,
             "check_every": self.every,
             "checks": len(self.trace),
+            "rollbacks": sum(1 for e in self.trace if e.get("rolled_back")),
             "seconds": round(self.seconds, 3),
             "trace": list(self.trace),
             "end_value": self.value,
         }
+
+
+def _trainable(model: nn.Module) -> list[torch.Tensor]:
+    return [p.data for p in model.parameters() if p.requires_grad]
+
+
+def _trainable_copy(model: nn.Module) -> list[torch.Tensor]:
+    return [t.detach().clone() for t in _trainable(model)]
 
 
 def _scale_lr(optimizer: torch.optim.Optimizer, scheduler: Any, factor: float) -> None:
@@ -155,3 +217,13 @@ def budget_miss_line(
             f"{int(best['step'])}, {knob.field} {best['value']:.4g}"
         )
     return line
+
+
+def budget_unlearned_line(task: str, metric: str, max_loss: float, monitor: BudgetMonitor) -> str:
+    """One line for a task rolled back at every check: it cannot be learned inside the budget."""
+    best = min(e["loss"] for e in monitor.trace)
+    return (
+        f"task {task!r} cannot be learned inside the budget: every check was over {metric} "
+        f"loss {max_loss:g} (the lowest {best:.4f}), so it ended at the weights it started "
+        f"from, with {monitor.knob.field} {monitor.value:.4g}"
+    )

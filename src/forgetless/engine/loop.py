@@ -139,7 +139,7 @@ class StepLoop:
         scheduler = get_scheduler(plan.scheduler, optimizer, plan.warmup_steps, plan.steps)
         done = self._resume(optimizer, scheduler)
         if self.monitor is not None:
-            self.monitor.loop_started(optimizer, scheduler)
+            self.monitor.loop_started(self.model, optimizer, scheduler)
         stream = batches(features, plan.batch_size, plan.seed, done.step * plan.grad_accum)
         self.model.train()
         start = time.perf_counter() - done.seconds
@@ -167,6 +167,8 @@ class StepLoop:
                     check_finite_weights(params, self.ctx.task.name, step)
                     self.checkpointer.save(self.model, optimizer, scheduler, done)
                 advance(None if math.isnan(done.final_loss) else done.final_loss)
+        if self.monitor is not None:
+            self.monitor.loop_finished(plan.steps - 1, self.model, optimizer, scheduler)
         check_finite_weights(params, self.ctx.task.name, plan.steps - 1)
         self.model.eval()
         return _stats(done, plan)

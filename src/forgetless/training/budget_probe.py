@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 from collections.abc import Callable
 from typing import Any
 
@@ -57,12 +58,29 @@ def budget_measure(
             "budget: no probe scores above chance on the probe batch at the base: "
             "nothing for the budget to keep"
         )
+    sizes = [len(p.eval) for p in batch]
+    z = statistics.NormalDist().inv_cdf(cfg.confidence)
 
     def retention_loss(model: nn.Module) -> float:
-        kept = probe_retention(base_scores, scores(model), chance)
-        return 1.0 - (kept if kept is not None else 1.0)
+        now = scores(model)
+        kept = probe_retention(base_scores, now, chance)
+        loss = 1.0 - (kept if kept is not None else 1.0)
+        return min(1.0, loss + z * retention_standard_error(base_scores, now, chance, sizes))
 
     return retention_loss
+
+
+def retention_standard_error(
+    base: list[float], now: list[float], chance: list[float], sizes: list[int]
+) -> float:
+    """The binomial standard error of the probe-batch retention (``probe_retention``'s mean of
+    ``(now − c) / (base − c)`` over the probes above chance), the base taken as exact."""
+    terms = [
+        n * (1 - n) / size / (b - c) ** 2
+        for b, n, c, size in zip(base, now, chance, sizes, strict=True)
+        if b > c
+    ]
+    return math.sqrt(sum(terms)) / len(terms) if terms else 0.0
 
 
 def accuracy(model: nn.Module, tokenizer: Any, probe: Task, max_length: int) -> float:

@@ -37,7 +37,7 @@ from forgetless.core.storage import (
     remove_stale_temps,
     save_method_state,
 )
-from forgetless.engine.budget import BudgetMonitor, budget_miss_line
+from forgetless.engine.budget import BudgetMonitor, budget_miss_line, budget_unlearned_line
 from forgetless.engine.loop import NonFiniteError, steps_for_epochs
 from forgetless.engine.progress import Progress
 from forgetless.engine.session import TaskSession
@@ -503,10 +503,16 @@ class Runner:
         loss = full_probe_loss(budget, results)
         kept = loss is None or loss <= budget.max_loss
         summary.update(metric=budget.metric, max_loss=budget.max_loss, loss_full=loss, kept=kept)
+        line, action = "", ""
         if not kept:
             line = budget_miss_line(task, budget.metric, budget.max_loss, loss, self.monitor)
+            action = "not_kept"
+        elif self.monitor.nothing_kept():
+            line = budget_unlearned_line(task, budget.metric, budget.max_loss, self.monitor)
+            action = "not_learned"
+        if line:
             self.console.print(f"warning: {line}", markup=False, highlight=False)
-            results.events.append({"type": "budget", "action": "not_kept", "task": task})
+            results.events.append({"type": "budget", "action": action, "task": task})
             summary["warning"] = line
         return {"budget": summary}
 
