@@ -1,36 +1,38 @@
 """The forgetting budget's three claims, rendered from its campaign (issue 23).
 
-``benchmarks/budget_claims.yaml`` pairs each budgeted variant of ``configs/claims-budget.yaml``
-with its grid of fixed strengths and its plain run. For each arm, over the kept seeds:
+``benchmarks/budget_claims.yaml`` pairs each budgeted variant of a campaign's config
+(``configs/claims-budget.yaml``, the tiny suite; ``configs/real-budget.yaml``, the real-model
+track) with its grid of fixed strengths and its plain run. For each arm, over the kept seeds:
 
 - (a) the share of runs that kept the budget at the end of every task, on the full evaluation
-  probes (``metrics.budget.kept_every_task``): supported at ≥ 90% of at least 3 runs;
+  probes (judged from the evaluation rows, as for the grid): supported at ≥ 90% of at least 3 runs;
 - (b) new-task gain against the oracle, the grid value with the highest mean gain among those
   that kept the budget in every seed: the per-seed paired difference (arm − oracle) is
   non-inferior where its 95% interval's lower bound is above −0.03, inferior where the upper
   bound is below it, inconclusive otherwise (one seed: exploratory; no grid value keeps the
   budget: no oracle);
-- (c) the controller's overhead: the median over seeds of the arm's training time over its plain
-  run's (the same method at its configured strength, no budget), against ≤ 1.15×.
+- (c) the controller's overhead, against ≤ 1.15×: one plus the median over seeds of the checks'
+  time over the rest of the run (training and evaluations), measured inside each budgeted run
+  (the checks' time includes the rollbacks' copies). Beside it, the median ratio of the run's
+  time to its plain run's (the same method at its configured strength, no budget): run side by
+  side with other runs of the campaign, it carries the noise of what ran beside each.
 """
 
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from forgetless.bench.stats import mean_interval
+from forgetless.eval.metrics import probe_retention
 
 SPEC = Path(__file__).parent / "budget_claims.yaml"
 MARGIN, KEPT_SHARE, OVERHEAD = -0.03, 0.9, 1.15
 Runs = dict[tuple[str, int], dict[str, Any]]
-
-
-def kept(run: dict[str, Any]) -> bool:
-    return bool((run["metrics"].get("budget") or {}).get("kept_every_task"))
 
 
 def oracle(grid: list[str], runs: Runs, seeds: list[int]) -> str | None:
@@ -43,25 +45,39 @@ def oracle(grid: list[str], runs: Runs, seeds: list[int]) -> str | None:
     )
 
 
-def keeps(run: dict[str, Any], max_loss: float) -> bool:
-    """A fixed-strength run kept ``max_loss`` of retention at the end of the sequence (a run
-    without a budget records no per-task check: judged at the end only, which favours the
-    oracle, so the comparison is conservative)."""
-    retention = run["metrics"].get("retention")
-    return retention is not None and 1.0 - retention <= max_loss
+def keeps(run: dict[str, Any], max_loss: float, metric: str = "retention") -> bool:
+    """A fixed-strength run kept ``max_loss`` at the end of every task, on the full evaluation
+    probes (the same rule as a budgeted run's ``kept_every_task``): their retention, or their
+    KL(base ‖ model) with ``metric: kl_to_base``."""
+    results = run["results"]
+    rows, scores = results["rows"], results["probe_accuracy"]
+    ends = [i for i, label in enumerate(rows) if str(label).startswith("after ")]
+    if metric == "kl_to_base":
+        kl = results["kl_drift"]["base_to_model"]
+        losses = [None if kl[i] is None else float(kl[i]) for i in ends]
+    else:
+        chance = results.get("probe_chance") or None
+        kept = [probe_retention(scores[0], scores[i], chance) for i in ends]
+        losses = [None if k is None else 1.0 - k for k in kept]
+    return bool(ends) and all(loss is not None and loss <= max_loss for loss in losses)
 
 
 def arm_row(arm: dict[str, Any], runs: Runs, seeds: list[int]) -> dict[str, str]:
     name, max_loss = arm["budget"], float(arm["max_loss"])
+    metric = arm.get("metric", "retention")
     mine = [s for s in seeds if (name, s) in runs]
     row = {"arm": f"`{name}`", "runs": str(len(mine))}
     if not mine:
         return row | {"a": "not measured", "b": "not measured", "c": "not measured"}
-    share = sum(kept(runs[(name, s)]) for s in mine) / len(mine)
-    verdict_a = "supported" if share >= KEPT_SHARE and len(mine) >= 3 else "not supported"
-    row["a"] = f"{share:.0%} kept; **{verdict_a if len(mine) > 1 else 'exploratory'}**"
+    # judged like the grid, from the full evaluation rows: the adaptive KL baseline holds a KL
+    # target, but it is judged on the arm's budget
+    share = sum(keeps(runs[(name, s)], max_loss, metric) for s in mine) / len(mine)
+    verdict_a = "supported" if share >= KEPT_SHARE else "not supported"
+    row["a"] = f"{share:.0%} kept; **{verdict_a if len(mine) >= 3 else 'exploratory'}**"
     grid = [
-        g for g in arm["grid"] if all(keeps(runs[(g, s)], max_loss) for s in mine if (g, s) in runs)
+        g
+        for g in arm["grid"]
+        if all(keeps(runs[(g, s)], max_loss, metric) for s in mine if (g, s) in runs)
     ]
     best = oracle(grid, runs, mine)
     if best is None:
@@ -82,20 +98,42 @@ def arm_row(arm: dict[str, Any], runs: Runs, seeds: list[int]) -> dict[str, str]
             verdict = "inconclusive"
         half = (found.high - found.low) / 2
         row["b"] = f"vs `{best}`: {found.mean:+.3f} ± {half:.3f}; **{verdict}**"
+    checks = 1.0 + _check_share(runs, name, mine)
+    verdict_c = "met" if checks <= OVERHEAD else "not met"
+    row["c"] = f"{checks:.2f}× by its checks"
     plain = [s for s in mine if (arm["plain"], s) in runs]
     if plain:
-        ratio = statistics.median(
-            runs[(name, s)]["train_seconds"] / runs[(arm["plain"], s)]["train_seconds"]
-            for s in plain
-        )
-        row["c"] = f"{ratio:.2f}× `{arm['plain']}`; **{'met' if ratio <= OVERHEAD else 'not met'}**"
-    else:
-        row["c"] = "no plain run kept"
+        whole = _median_ratio(runs, name, arm["plain"], plain, run_seconds)
+        train = _median_ratio(runs, name, arm["plain"], plain, lambda r: r["train_seconds"])
+        row["c"] += f" (beside `{arm['plain']}`: {whole:.2f}×, training alone {train:.2f}×)"
+    row["c"] += f"; **{verdict_c}**"
     return row
 
 
-def render_budget(runs: Runs, seeds: list[int], spec: Path = SPEC) -> str:
-    arms = yaml.safe_load(spec.read_text(encoding="utf-8"))["arms"]
+def run_seconds(run: dict[str, Any]) -> float:
+    """A run's time: its training (the checks included) and its evaluations."""
+    return float(run["train_seconds"]) + sum(run["results"].get("eval_seconds") or [])
+
+
+def _check_share(runs: Runs, arm: str, seeds: list[int]) -> float:
+    """The checks' time over the rest of the run's, measured inside each budgeted run (the
+    paired ratio also carries the noise of what ran beside each run)."""
+
+    def share(run: dict[str, Any]) -> float:
+        checks = float((run["metrics"].get("budget") or {}).get("check_seconds") or 0.0)
+        return checks / max(1e-9, run_seconds(run) - checks)
+
+    return statistics.median(share(runs[(arm, s)]) for s in seeds)
+
+
+def _median_ratio(
+    runs: Runs, arm: str, plain: str, seeds: list[int], seconds: Callable[[dict[str, Any]], float]
+) -> float:
+    return statistics.median(seconds(runs[(arm, s)]) / seconds(runs[(plain, s)]) for s in seeds)
+
+
+def render_budget(runs: Runs, seeds: list[int], config: str, spec: Path = SPEC) -> str:
+    arms = yaml.safe_load(spec.read_text(encoding="utf-8"))["configs"][config]
     lines = [
         "| arm | runs | (a) budget kept, every task | (b) gain vs the best fixed strength "
         "that keeps it (paired) | (c) time vs a plain run |",

@@ -152,7 +152,10 @@ def _kept_runs(config: str) -> tuple[list[str], list[int], dict[tuple[str, int],
         path = folder / "cpu" / run_folder.parent.name / f"{run_folder.name}.json"
         record = load_record(path, config_key(cfg))
         if record is not None:
-            runs[(variant.name, cfg.seed)] = record["summary"]
+            results = record.get("results") or {}
+            keys = ("rows", "probe_accuracy", "probe_chance", "kl_drift", "eval_seconds")
+            rows = {k: results.get(k) for k in keys}
+            runs[(variant.name, cfg.seed)] = record["summary"] | {"results": rows}
         elif path.is_file():
             stale.append(f"{variant.name} s{cfg.seed}")
     seeds = list(range(section.first_seed, section.first_seed + section.seeds))
@@ -287,7 +290,7 @@ def rewrite(text: str) -> str:
 
     def budget(match: re.Match[str]) -> str:
         _, seeds, runs, _ = _kept_runs(match.group(2))
-        return match.group(1) + render_budget(runs, seeds) + match.group(4)
+        return match.group(1) + render_budget(runs, seeds, match.group(2)) + match.group(4)
 
     text = TASKS.sub(tasks, CAMPAIGN.sub(campaign, BLOCK.sub(table, text)))
     text = SECTION.sub(section, MEMORY.sub(memory, CLAIMS_BLOCK.sub(claims, text)))

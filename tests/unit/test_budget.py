@@ -148,3 +148,21 @@ def test_a_check_over_budget_puts_back_the_last_weights_within_it(on_violation: 
     assert monitor.trace[1]["next"] > monitor.trace[1]["value"]  # λ strengthened either way
     monitor.loop_finished(2, layer, optimizer, None)  # the last step was no check: one more
     assert len(monitor.trace) == (3 if rolled else 2) and monitor.nothing_kept() is False
+
+
+def test_the_probe_batch_draws_only_held_out_examples() -> None:
+    from forgetless.errors import ConfigError
+    from forgetless.tasks.general import build_general_probe
+    from forgetless.training.budget_probe import left_out, probe_batch
+
+    mc = build_general_probe("gk-mc", 320, seed=0)  # the whole question set is its evaluation
+    short = build_general_probe("gk-short", 96, seed=0)
+    assert not mc.train and len(short.train) == 320 - 96
+    assert not {e.prompt for e in short.train} & {e.prompt for e in short.eval}
+    batch = probe_batch([mc, short], 64)
+    assert [p.name for p in batch] == ["gk-short"] and batch[0].eval == short.train[:64]
+    assert left_out([mc, short]) == ["gk-mc"]
+    with pytest.raises(ConfigError, match="no probe has training examples"):
+        probe_batch([mc], 8)
+    with pytest.raises(ConfigError, match="'gk-short' has fewer than 300"):
+        probe_batch([mc, short], 300)

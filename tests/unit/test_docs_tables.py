@@ -122,14 +122,28 @@ def test_budget_claims_follow_their_rules(tmp_path: Path) -> None:
     from budget_claims import render_budget
 
     spec = tmp_path / "arms.yaml"
-    arms = {"budget": "b", "max_loss": 0.1, "plain": "p", "grid": ["g1", "g2", "g3"]}
-    spec.write_text(yaml.safe_dump({"arms": [arms]}), encoding="utf-8")
+    arms = {"budget": "b", "max_loss": 0.1, "plain": "p", "grid": ["g1", "g2", "g3", "g4"]}
+    spec.write_text(yaml.safe_dump({"configs": {"c.yaml": [arms]}}), encoding="utf-8")
 
-    def run(gain: float, retention: float, seconds: float, kept: bool | None = None) -> dict:
+    def run(
+        gain: float,
+        retention: float,
+        seconds: float,
+        kept: bool | None = None,
+        middle: float | None = None,
+        checks: float = 1.0,
+    ) -> dict:
         metrics: dict[str, object] = {"gain": gain, "retention": retention}
         if kept is not None:
-            metrics["budget"] = {"kept_every_task": kept}
-        return {"metrics": metrics, "train_seconds": seconds}
+            metrics["budget"] = {"kept_every_task": kept, "check_seconds": checks}
+        middle = retention if middle is None else middle
+        results = {  # the probe scores at the base and after each task (chance 0)
+            "rows": ["base", "after t1", "after t2"],
+            "probe_accuracy": [[1.0, 1.0], [middle, middle], [retention, retention]],
+            "probe_chance": [0.0, 0.0],
+            "eval_seconds": [1.0, 1.0, 1.0],
+        }
+        return {"metrics": metrics, "train_seconds": seconds, "results": results}
 
     seeds = [0, 1, 2]
     runs = {}
@@ -139,11 +153,13 @@ def test_budget_claims_follow_their_rules(tmp_path: Path) -> None:
         runs[("g1", s)] = run(0.60, 0.95, 10.0)  # keeps it, learns less
         runs[("g2", s)] = run(0.79 + 0.01 * s, 0.92, 10.0)  # keeps it: the oracle
         runs[("g3", s)] = run(0.95, 0.70, 10.0)  # learns more, over budget
-    row = render_budget(runs, seeds, spec).splitlines()[2]
+        runs[("g4", s)] = run(0.97, 0.95, 10.0, middle=0.7)  # over it after the first task
+    row = render_budget(runs, seeds, "c.yaml", spec).splitlines()[2]
     assert "100% kept; **supported**" in row
     assert "vs `g2`: +0.010 ± 0.000; **non-inferior**" in row
-    assert "1.10× `p`; **met**" in row
+    # the checks' 1 s over the other 13 s; beside the plain run (11 + 3) / (10 + 3)
+    assert "1.08× by its checks (beside `p`: 1.08×, training alone 1.10×); **met**" in row
     for s in seeds:  # the arm learns 0.1 less than the oracle: inferior
-        runs[("b", s)] = run(0.69 + 0.01 * s, 0.95, 12.0, kept=s != 0)
-    row = render_budget(runs, seeds, spec).splitlines()[2]
+        runs[("b", s)] = run(0.69 + 0.01 * s, 0.95 if s else 0.85, 12.0, s != 0, checks=3.0)
+    row = render_budget(runs, seeds, "c.yaml", spec).splitlines()[2]
     assert "67% kept; **not supported**" in row and "**inferior**" in row and "**not met**" in row

@@ -11,7 +11,9 @@
 * the prose (``assets/smollm2/prose.txt``, 48 paragraphs written for this project) is not a task:
   ``forgetless.eval.prose`` measures perplexity and token KL to the base on it.
 
-Each probe's eval split is a seeded order of the whole set, so ``n_eval`` takes a prefix.
+Each probe's eval split is a seeded order of the whole set, so ``n_eval`` takes a prefix; the
+rest of the order is its train split, which nothing trains on: a forgetting budget draws its
+held-out probe batch from it (``forgetless.training.budget_probe``).
 """
 
 from __future__ import annotations
@@ -83,13 +85,14 @@ GENERAL_PROBES: dict[str, tuple[str, Callable[[dict[str, Any]], Example], int, S
 
 
 def build_general_probe(name: str, n_eval: int, seed: int) -> Task:
-    """The probe over a seeded order of the question set; the first ``n_eval`` items."""
+    """The probe over a seeded order of the question set: the first ``n_eval`` items, the rest
+    held out (its train split)."""
     description, build, max_new_tokens, scoring = GENERAL_PROBES[name]
     items = list(questions())
     random.Random(f"forgetless/{name}/{seed}").shuffle(items)
     return Task(
         name=name,
-        train=[],
+        train=[build(item) for item in items[n_eval:]],
         eval=[build(item) for item in items[:n_eval]],
         description=description,
         max_new_tokens=max_new_tokens,

@@ -20,16 +20,28 @@ from forgetless.tasks.base import Task, exact_match
 
 
 def probe_batch(probes: list[Task], size: int) -> list[Task]:
-    """Each probe with ``size`` examples shared out over the probes as its evaluation set,
-    drawn from its training split: never the examples the evaluation rows score."""
-    per_probe = math.ceil(size / len(probes))
-    short = [p.name for p in probes if len(p.train) < per_probe]
+    """Each probe with held-out examples, with ``size`` examples shared out over them as its
+    evaluation set, drawn from its training split: never the examples the evaluation rows
+    score. A probe whose whole set is its evaluation (no training split) is left out."""
+    usable = [p for p in probes if p.train]
+    if not usable:
+        raise ConfigError(
+            "budget.probe_batch: no probe has training examples to draw the probe batch from "
+            "(the evaluation examples are never used)"
+        )
+    per_probe = math.ceil(size / len(usable))
+    short = [p.name for p in usable if len(p.train) < per_probe]
     if short:
         raise ConfigError(
             f"budget.probe_batch: probe {short[0]!r} has fewer than {per_probe} training "
             "examples to draw the probe batch from"
         )
-    return [dataclasses.replace(p, eval=p.train[:per_probe]) for p in probes]
+    return [dataclasses.replace(p, eval=p.train[:per_probe]) for p in usable]
+
+
+def left_out(probes: list[Task]) -> list[str]:
+    """The probes the probe batch cannot draw from (no held-out examples)."""
+    return [p.name for p in probes if not p.train]
 
 
 def budget_measure(

@@ -55,7 +55,7 @@ from forgetless.tasks.formatting import Features, encode_training_set, unknown_t
 from forgetless.tasks.general import prose_paragraphs
 from forgetless.tasks.loaders import build_task
 from forgetless.training.base_row import base_row_path, load_base_row, store_base_row
-from forgetless.training.budget_probe import budget_measure, full_probe_loss
+from forgetless.training.budget_probe import budget_measure, full_probe_loss, left_out
 from forgetless.training.outdir import OutDirLock
 from forgetless.training.pretrain import ensure_base_model
 from forgetless.training.results import Results
@@ -485,6 +485,13 @@ class Runner:
         with self.console.status("measuring the base on the budget's probe batch"):
             measure = budget_measure(
                 cfg.budget, base, self.tokenizer, self.probes, cfg.train.max_length
+            )
+        if skipped := left_out(self.probes):
+            self.console.print(
+                f"budget: the probe batch leaves out {', '.join(skipped)} (no held-out examples; "
+                "the full evaluation at each task's end covers every probe)",
+                markup=False,
+                highlight=False,
             )
         monitor = BudgetMonitor(cfg.budget, self.active, measure)
         done = [t["budget"]["end_value"] for t in results.per_task if "budget" in t]
