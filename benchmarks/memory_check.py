@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from memory_model import METHODS
+from memory_model import METHODS, TOLERANCE, predicted_copies
 from method_harness import Bench, add_harness_args, supports  # benchmarks/ is on sys.path
 from peak_memory import add_step_args, run_forked
 from run_all import commit, machine
@@ -34,9 +34,6 @@ from forgetless.contract.method import registered_methods, trainable_parameters
 from forgetless.core.storage import atomic_write_json
 
 OUT = Path(__file__).parent / "results" / "memory_check.json"
-TOLERANCE = 0.1
-"""Parameter-sized tensors: a measured count within this of the model's is a match (token-sized
-state, such as replay's buffer or SAE-FD's anchors, stays far below one copy)."""
 
 
 def live_tensors() -> tuple[int, int]:
@@ -96,14 +93,6 @@ def count(name: str, mode: str, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def predicted_copies(name: str, row: dict[str, Any]) -> float:
-    """The model's extra elements for ``name``, in trainable-weight-sized tensors."""
-    memory = METHODS[name]
-    extra = len(memory.trainable_widths) * row["trainable"]
-    extra += len(memory.weight_widths) * row["weights"]
-    return extra / row["trainable"]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_step_args(parser, OUT)
@@ -122,7 +111,7 @@ def main() -> None:
                 continue
             row = base if name == "seq_ft" else run_forked(count, name, mode, args)
             extra = (row["elements"] - base["elements"]) / row["trainable"]
-            predicted = predicted_copies(name, row)
+            predicted = predicted_copies(name, row | {"mode": mode})
             rows.append(
                 {
                     "method": name,
