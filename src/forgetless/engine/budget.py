@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from forgetless.config.budget import BudgetConfig
-from forgetless.contract.method import Knob, Method
+from forgetless.contract.method import Knob, Method, trainable_parameters
 
 
 def relative_violation(loss: float, max_loss: float) -> float:
@@ -183,7 +183,7 @@ class BudgetMonitor:
 
 
 def _trainable(model: nn.Module) -> list[torch.Tensor]:
-    return [p.data for p in model.parameters() if p.requires_grad]
+    return [p.data for p in trainable_parameters(model).values()]
 
 
 def _trainable_copy(model: nn.Module) -> list[torch.Tensor]:
