@@ -5,8 +5,8 @@
 RUN_DIR is a finished `--preset smollm2` run (e.g. a campaign run's folder). The commands:
 ``diagnose geometry RUN_DIR``; ``diagnose attribution RUN_DIR --samples 8`` (with its same-model
 control); ``export`` of the last task's model, then ``diagnose circuits`` of the base and that
-model on the question set's free answers (all 270 heads); ``sae train --preset smollm2 --steps
-1500 --expansion 4`` into a scratch folder. Writes
+model on the question set's free answers (all 270 heads, first-order effects); ``sae train
+--preset smollm2 --steps 1500 --expansion 4`` into a scratch folder. Writes
 ``benchmarks/results/real_diagnostics.json`` (seconds, the command, its output's summary, the
 commit and the machine); a re-run skips the commands already in it for the same run.
 """
@@ -32,12 +32,19 @@ OUT = Path(__file__).parent / "results" / "real_diagnostics.json"
 CLI = [sys.executable, "-m", "forgetless"]
 SAE = ["--steps", "1500", "--expansion", "4", "--quiet"]
 """Half the default steps and width: D = 2304 features of the 576-wide MLP output."""
+CIRCUITS = ["--effects", "attribution", "--steps", "40", "--lr", "0.25"]
+"""First-order head effects (two backward passes, not 542 masked forwards) and a shorter DBM at
+a larger step: the default 200 steps and 542 forwards did not finish in 80 minutes of CPU time.
+``benchmarks/circuits_agreement.py`` checks the first-order effects against exact patching."""
 
 
 def commands(run: Path, scratch: Path) -> dict[str, list[list[str]]]:
     model, base = str(scratch / "after-last"), "smollm2-135m-instruct"
     out = {name: ["--out", str(scratch / f"{name}.json")] for name in ("geometry", "attribution")}
-    circuits = ["--behaviour", "gk-short", "--n", "16", "--out", str(scratch / "circuits.json")]
+    circuits = [
+        *["--behaviour", "gk-short", "--n", "16", *CIRCUITS],
+        *["--out", str(scratch / "circuits.json")],
+    ]
     return {
         "geometry": [["diagnose", "geometry", str(run), *out["geometry"]]],
         "attribution": [["diagnose", "attribution", str(run), "--samples=8", *out["attribution"]]],
@@ -85,12 +92,15 @@ def main() -> None:
             if name in report["commands"]:
                 continue
             argv = commands(args.run, scratch)[name]
+            load = os.getloadavg()[0]  # other jobs on the cores, recorded beside the time
             seconds, tail = timed(argv)
             report["commands"][name] = {
                 "seconds": round(seconds, 1),
                 "argv": [" ".join(["forgetless", *a]) for a in argv],
                 "summary": summary(name, scratch),
                 "output_tail": tail,
+                "commit": commit(),
+                "load_before": round(load, 2),
             }
             report.update(commit=commit(), machine=machine(threads))
             atomic_write_json(args.out, report)

@@ -17,6 +17,7 @@ from forgetless.diagnostics.circuits import (
     effect_masks,
     head_activations,
     head_effects,
+    head_effects_attribution,
     head_effects_loop,
     head_layout,
     mask_temperature,
@@ -186,6 +187,26 @@ def test_binary_masks_recover_the_planted_circuit(binary: dict[str, Any]) -> Non
     assert values.tolist() == [1.0, 0.0]
 
 
+def test_attribution_effects_rank_heads_as_exact_patching_does() -> None:
+    """First-order effects: the planted heads carry all of it, idle heads read exactly 0, and
+    on an unplanted model the heads rank as the exact 2N + 2 passes rank them."""
+    planted = _planted_model()
+    batch, cf = _head_targets(planted)
+    exact, first = head_effects(planted, batch, cf), head_effects_attribution(planted, batch, cf)
+    assert first.forward_passes == 2
+    assert (first.full, first.empty) == (pytest.approx(exact.full), pytest.approx(exact.empty))
+    for got, want in ((first.necessity, exact.necessity), (first.sufficiency, exact.sufficiency)):
+        assert {tuple(ix) for ix in got.nonzero().tolist()} == PLANTED
+        assert torch.allclose(got, want, rtol=0.2)
+    model, batch = _model("llama"), _batch()
+    cf = counterfactual(model, batch, "mean")
+    exact, first = head_effects(model, batch, cf), head_effects_attribution(model, batch, cf)
+    for got, want in ((first.necessity, exact.necessity), (first.sufficiency, exact.sufficiency)):
+        ranks = [t.flatten().argsort().argsort().float() for t in (got, want)]
+        assert torch.corrcoef(torch.stack(ranks))[0, 1] > 0.9
+    assert all(p.requires_grad for p in model.parameters()), "the model is unfrozen after"
+
+
 def _m(model: nn.Module, batch: dict[str, torch.Tensor], mask: torch.Tensor, cf: Any) -> float:
     with torch.no_grad():
         return float(target_logprob(masked_logits(model, batch, mask, cf), batch["labels"]).mean())
@@ -268,6 +289,14 @@ def test_diagnose_circuits_and_drift_commands(tmp_path: Path) -> None:
     assert (tmp_path / "circuits_masks.png").is_file()
     assert (tmp_path / "circuits_retention.png").is_file()
     assert "| start |" in (tmp_path / "circuits.md").read_text()
+    first = tmp_path / "first.json"
+    result = runner.invoke(app, [*args, "--effects", "attribution", "--out", str(first)])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(first.read_text())["rows"]
+    assert [r["forward_passes"]["effects"] for r in rows] == [2, 2, 2]
+    assert data["rows"][0]["forward_passes"]["effects"] == 1  # exact: 2N + 2 masks in one pass
+    result = runner.invoke(app, [*args, "--effects", "linear"])
+    assert result.exit_code != 0 and "--effects must be exact or attribution" in result.output
     result = runner.invoke(app, ["diagnose", "drift", *folders, "--probes", "copy,add", "--n", "4"])
     assert result.exit_code == 0, result.output
     drift = json.loads((tmp_path / "drift.json").read_text())["rows"]

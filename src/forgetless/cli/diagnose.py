@@ -152,6 +152,13 @@ def circuits(
     ] = 0.1,
     delta: Annotated[float, typer.Option(help="δ of differential vulnerability.")] = 0.1,
     chunk: Annotated[int, typer.Option(help="Masked copies per effects forward pass.")] = 64,
+    effects: Annotated[
+        str,
+        typer.Option(
+            help="Head effects: exact (2N+2 masked forwards) or attribution (first order, "
+            "two backward passes; for large models)."
+        ),
+    ] = "exact",
     seed: Annotated[int, typer.Option(help="Seed for the behaviour data and DBM.")] = 0,
     out: Annotated[
         Optional[Path],  # noqa: UP045
@@ -169,6 +176,8 @@ def circuits(
 
     if counterfactual not in ("mean", "corrupt"):
         raise typer.BadParameter("--counterfactual must be mean or corrupt")
+    if effects not in ("exact", "attribution"):
+        raise typer.BadParameter("--effects must be exact or attribution")
     target = out or _common_parent(checkpoints) / "circuits.json"
     data = diagnose_circuits(
         checkpoints,
@@ -182,6 +191,7 @@ def circuits(
         ),
         thresholds=Thresholds(shift, specialist, delta),
         chunk=chunk,
+        effects=effects,  # type: ignore[arg-type]
     )
     table = Table(title=f"Circuits on {data['behaviour']}")
     for column in TABLE_COLUMNS:

@@ -323,6 +323,36 @@ def _effects(values: torch.Tensor, layout: HeadLayout, passes: int) -> HeadEffec
     )
 
 
+def mask_gradient(
+    model: nn.Module, batch: Batch, cf: Counterfactual, at: float
+) -> tuple[float, torch.Tensor]:
+    """The behaviour m at every head's mask set to ``at``, and ∂m/∂mask there (one forward and
+    one backward pass, the model frozen)."""
+    layout = head_layout(model)
+    mask = torch.full((layout.layers, layout.heads), at, device=batch["input_ids"].device)
+    mask.requires_grad_(True)
+    with _frozen(model):
+        score = target_logprob(masked_logits(model, batch, mask, cf), batch["labels"]).mean()
+        (grad,) = torch.autograd.grad(score, mask)
+    return float(score.detach()), grad.detach()
+
+
+def head_effects_attribution(model: nn.Module, batch: Batch, cf: Counterfactual) -> HeadEffects:
+    """Necessity and sufficiency to first order (attribution patching): two forward and two
+    backward passes for all heads instead of ``2N + 2`` forward passes.
+
+    Patching head h alone moves its mask from 1 to 0, so m(M) − m(M with h patched) ≈ ∂m/∂m_h at
+    the all-clean masks; keeping it alone clean moves it from 0 to 1 in the all-patched model, so
+    m(only h) − m(∅) ≈ ∂m/∂m_h at the all-patched masks. The linearisation is Nanda's
+    attribution patching (2023), shown by Syed, Rager and Conmy ("Attribution Patching
+    Outperforms Automated Circuit Discovery", 2023) to rank components as activation patching
+    does; a head whose effect is far from linear in its mask is where the two disagree.
+    """
+    full, necessity = mask_gradient(model, batch, cf, 1.0)
+    empty, sufficiency = mask_gradient(model, batch, cf, 0.0)
+    return HeadEffects(full, empty, necessity.cpu(), sufficiency.cpu(), forward_passes=2)
+
+
 def head_effects_loop(model: nn.Module, batch: Batch, cf: Counterfactual) -> HeadEffects:
     """The reference: the same quantities with one forward pass per mask (2N + 2 passes)."""
     layout = head_layout(model)
