@@ -36,6 +36,7 @@ METHODS = {
     "kl_sft": ({"name": "kl_sft", "beta": 1.0}, "full"),
     "ewc": ({"name": "ewc", "lam": 1e4, "fisher_samples": 8, "fisher_batch_size": 4}, "full"),
     "replay": ({"name": "replay", "buffer_size": 16, "ratio": 0.5}, "full"),
+    "freeze": ({"name": "freeze", "train_top_layers": 1}, "full"),
     "attribution_gate": ({"name": "attribution_gate", "max_samples": 4}, "full"),
     "anchored": (
         {"name": "anchored", "outer_iterations": 2, "inner_steps": 2, "top_k": 8},

@@ -70,7 +70,10 @@ def test_two_processes_match_one(
 
 @pytest.mark.parametrize(
     "method",
-    ["seq_ft", *(pytest.param(m, marks=SLOW) for m in ("low_lr", "ewc", "replay", "kl_sft"))],
+    [
+        "seq_ft",
+        *(pytest.param(m, marks=SLOW) for m in ("low_lr", "ewc", "replay", "kl_sft", "freeze")),
+    ],
 )
 def test_two_sharded_processes_match_one(tiny_model_dir: Path, tmp_path: Path, method: str) -> None:
     """FSDP2 (``fully_shard``, gloo): each process holds half of every weight, FSDP

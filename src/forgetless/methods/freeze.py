@@ -89,6 +89,7 @@ class Freeze(Method[FreezeConfig]):
     config_cls = FreezeConfig
     smoke: ClassVar[dict[str, Any]] = {"train_top_layers": 1}
     capabilities = frozenset({Capability.TASK_START})
+    unsharded = None  # requires_grad is per parameter: FSDP2 skips the frozen shards' gradients
 
     def __init__(self, config: FreezeConfig) -> None:
         super().__init__(config)
