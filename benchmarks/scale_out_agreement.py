@@ -27,6 +27,7 @@ from safetensors.torch import load_file
 
 from forgetless.core.storage import atomic_write_json
 from forgetless.models.tiny import build_char_tokenizer, build_tiny_model
+from forgetless.training.pretrain import SHIPPED_BASE
 
 OUT = Path(__file__).parent / "results" / "scale_out_agreement.json"
 FSDP2 = Path(__file__).parents[1] / "examples" / "accelerate" / "cpu_2proc_fsdp2.yaml"
@@ -47,6 +48,11 @@ METHODS = {
         "lora",
     ),
 }
+
+
+SOLVED_FIRST = {"attribution_gate"}
+"""Run on the shipped tiny base with `copy`, a task it answers, first: the relevance maps come
+from correct answers only, so a model that answers nothing would leave the gate idle."""
 
 
 def _model(folder: Path) -> Path:
@@ -125,6 +131,9 @@ def main() -> None:
                 "tasks": ["reverse", "cipher"],
                 "probes": ["copy"],
             }
+            if name in SOLVED_FIRST:
+                raw.update(model={"name_or_path": str(SHIPPED_BASE)}, tasks=["copy", "reverse"])
+                raw["probes"] = ["upper"]
             config = root / f"{name}.yaml"
             config.write_text(yaml.safe_dump(raw), encoding="utf-8")
             for processes in (1, 2):

@@ -21,6 +21,7 @@ from cli_runs import (
 from conftest import tiny_run_config
 
 from forgetless.testing import smoke_method
+from forgetless.training.pretrain import SHIPPED_BASE
 
 SLOW = pytest.mark.slow
 CASES = [  # the fast tier keeps one two-process run: the sharded seq_ft one below
@@ -72,7 +73,10 @@ def test_two_processes_match_one(
     "method",
     [
         "seq_ft",
-        *(pytest.param(m, marks=SLOW) for m in ("low_lr", "ewc", "replay", "kl_sft", "freeze")),
+        *(
+            pytest.param(m, marks=SLOW)
+            for m in ("low_lr", "ewc", "replay", "kl_sft", "freeze", "attribution_gate")
+        ),
     ],
 )
 def test_two_sharded_processes_match_one(tiny_model_dir: Path, tmp_path: Path, method: str) -> None:
@@ -81,11 +85,17 @@ def test_two_sharded_processes_match_one(tiny_model_dir: Path, tmp_path: Path, m
     raw = _config(tiny_model_dir, method, "full")
     if method == "ewc":  # a penalty as large as the loss: its gradient skips FSDP's averaging
         raw["method"]["lam"] = 1e9
+    if method == "attribution_gate":  # a base that answers the first task: the maps gate task 2
+        raw.update(model={"name_or_path": str(SHIPPED_BASE)}, tasks=["copy", "reverse"])
+        raw["probes"] = ["upper"]
     config = write_config(tmp_path, raw)
     cli(config, tmp_path / "one")
     two_processes(config, tmp_path / "two", fsdp=True)
     layouts = {(t["processes"], t["parallel"]) for t in results(tmp_path / "two")["per_task"]}
     assert layouts == {(2, "fsdp2")}
+    if method == "attribution_gate":
+        scored = results(tmp_path / "two")["per_task"][0]["details"]["attribution"]
+        assert scored["samples_correct"] > 0 and scored["task_map"]["mean"] > 0
 
     one, two = step_losses(tmp_path / "one"), step_losses(tmp_path / "two")
     assert all(one) and [len(t) for t in one] == [len(t) for t in two]

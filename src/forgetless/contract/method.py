@@ -176,6 +176,13 @@ class Method(Generic[ConfigT]):
     )
     """Why the method cannot run on a sharded model (FSDP2), or None when it can. Checked by
     :func:`sharding_rule_broken`, at ``validate --fsdp`` and when a sharded run starts."""
+
+    @classmethod
+    def unsharded_with(cls, config: MethodConfig) -> str | None:
+        """Why the method, configured so, cannot run sharded: ``unsharded`` unless an option of
+        the method changes the answer."""
+        return cls.unsharded
+
     knob: ClassVar[Knob | None] = None
     """The strength a forgetting budget steers, or None (the method cannot run under one)."""
     carry_only: ClassVar[str | None] = None

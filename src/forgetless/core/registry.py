@@ -74,10 +74,15 @@ def lora_rule_broken(method: Any, mode: str, regime: str) -> str | None:
     return None
 
 
-def sharding_rule_broken(method: Any, mode: str, checkpoint_every: int | None) -> str | None:
-    """What stops ``method`` from running on a sharded model (an FSDP2 launch), or None."""
+def sharding_rule_broken(
+    method: Any, mode: str, checkpoint_every: int | None, config: Any = None
+) -> str | None:
+    """What stops ``method`` (configured by ``config``, when given) from running on a sharded
+    model (an FSDP2 launch), or None."""
     name = getattr(method, "name", "?")
     unsharded = getattr(method, "unsharded", None)
+    if config is not None and hasattr(method, "unsharded_with"):
+        unsharded = method.unsharded_with(config)
     if unsharded:
         return f"method {name!r} does not run sharded (FSDP2): it {unsharded}"
     if mode != "full":

@@ -161,23 +161,29 @@ def gather_state(state: Any) -> Any:
     return state
 
 
+def split_like(value: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    """A whole tensor of ``param``'s shape, held alike on every process, split like ``param``
+    when it is a ``DTensor`` (each process keeps its own part; no collective); else as it is."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if not isinstance(param, DTensor) or tuple(value.shape) != tuple(param.shape):
+        return value
+    return distribute_tensor(
+        value.to(param.device), param.device_mesh, param.placements, src_data_rank=None
+    )
+
+
 def shard_state_like(state: Any, model: nn.Module) -> Any:
     """A saved method state with each tensor stored under a parameter's name (and of its shape)
     split like that parameter, so element-wise state stays beside its shard on resume."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
     params = dict(model.named_parameters())
 
     def split(value: Any, key: str | None) -> Any:
         if isinstance(value, dict):
             return {k: split(v, k) for k, v in value.items()}
         param = params.get(key) if key is not None else None
-        if not (isinstance(value, torch.Tensor) and isinstance(param, DTensor)):
+        if not isinstance(value, torch.Tensor) or param is None:
             return value
-        if tuple(value.shape) != tuple(param.shape):
-            return value
-        return distribute_tensor(
-            value.to(param.device), param.device_mesh, param.placements, src_data_rank=None
-        )
+        return split_like(value, param)
 
     return split(state, None)

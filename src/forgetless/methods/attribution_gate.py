@@ -33,6 +33,7 @@ from forgetless.contract.method import (
     register_method,
     trainable_parameters,
 )
+from forgetless.core import sharding
 from forgetless.core.dtypes import DTYPES
 from forgetless.tasks.formatting import collate
 
@@ -110,6 +111,16 @@ class AttributionGate(Method[AttributionGateConfig]):
         }
     )
     reduce_ops: ClassVar[Mapping[str, ReduceOp]] = {"importance": "max"}
+    unsharded = None  # maps made whole from the relevance shards; each gate split like its weight
+
+    @classmethod
+    def unsharded_with(cls, config: MethodConfig) -> str | None:
+        if getattr(config, "gate", None) == "gradient":
+            return (
+                "scales gradients by a hook that FSDP2's reduce-scattered gradient shards never "
+                "pass through; use gate 'update'"
+            )
+        return None
 
     def __init__(self, config: AttributionGateConfig) -> None:
         super().__init__(config)
@@ -129,8 +140,8 @@ class AttributionGate(Method[AttributionGateConfig]):
         """A new strength s acts at once: the gates ``1 − s·R̄`` are rewritten in place, so the
         gradient hooks and the update gate of the running task use it from the next step."""
         super().set_knob(value)
-        for name, _, keep in self._gated:
-            keep.copy_(keep_factor(self._maps[name], keep.dtype, value))
+        for name, param, keep in self._gated:
+            keep.copy_(sharding.split_like(keep_factor(self._maps[name], keep.dtype, value), param))
 
     def gate_update(
         self, model: nn.Module, pre_step: dict[str, torch.Tensor], ctx: StepContext
@@ -152,8 +163,10 @@ class AttributionGate(Method[AttributionGateConfig]):
             for i in order.tolist():
                 batch = collate([task.train_features[i]], task.tokenizer.pad_token_id)
                 result = score({k: v.to(task.device) for k, v in batch.items()}, correct_only=True)
-                if result.correct:
-                    accumulator.add(result.relevance)
+                if result.correct:  # sharded: every process scored the sample; made whole
+                    accumulator.add(
+                        {n: sharding.replicated(r) for n, r in result.relevance.items()}
+                    )
         seconds = time.perf_counter() - start
         dtype = DTYPES[self.config.map_dtype]
         new = {n: m.to(dtype).cpu() for n, m in accumulator.mean().items()}
@@ -167,7 +180,9 @@ class AttributionGate(Method[AttributionGateConfig]):
         return {"importance": dict(self.importance), "tasks_seen": self.tasks_seen}
 
     def load_state_dict(self, state: MethodState) -> None:
-        self.importance = dict(state.get("importance", {}))
+        # a resume splits tensors named like parameters; the maps are kept whole (a collective)
+        maps = state.get("importance", {})
+        self.importance = {n: sharding.replicated(m).cpu() for n, m in maps.items()}
         self.tasks_seen = int(state.get("tasks_seen", 0))
 
     def _gate_factors(
@@ -181,7 +196,13 @@ class AttributionGate(Method[AttributionGateConfig]):
         self._maps = maps
         strength = self.config.strength
         return [
-            (name, param, keep_factor(maps[name], param.dtype, strength).to(param.device))
+            (
+                name,
+                param,
+                sharding.split_like(
+                    keep_factor(maps[name], param.dtype, strength).to(param.device), param
+                ),
+            )
             for name, param in model.named_parameters()
             if param.requires_grad and name in maps
         ]

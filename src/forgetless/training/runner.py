@@ -172,7 +172,7 @@ class Runner:
         """Split the model over the processes (an FSDP2 launch), if the run allows it."""
         cfg = self.cfg
         broken = registry.sharding_rule_broken(
-            type(self.active), cfg.finetune.mode, cfg.train.checkpoint_every
+            type(self.active), cfg.finetune.mode, cfg.train.checkpoint_every, cfg.method
         )
         if broken:
             raise ConfigError(broken)
