@@ -38,6 +38,8 @@ METHODS = {
     "ewc": ({"name": "ewc", "lam": 1e4, "fisher_samples": 8, "fisher_batch_size": 4}, "full"),
     "replay": ({"name": "replay", "buffer_size": 16, "ratio": 0.5}, "full"),
     "freeze": ({"name": "freeze", "train_top_layers": 1}, "full"),
+    "task_arithmetic": ({"name": "task_arithmetic", "scaling": 0.5}, "full"),
+    "ties": ({"name": "ties", "density": 0.5}, "full"),
     "attribution_gate": ({"name": "attribution_gate", "max_samples": 4}, "full"),
     "anchored": (
         {"name": "anchored", "outer_iterations": 2, "inner_steps": 2, "top_k": 8},

@@ -75,7 +75,16 @@ def test_two_processes_match_one(
         "seq_ft",
         *(
             pytest.param(m, marks=SLOW)
-            for m in ("low_lr", "ewc", "replay", "kl_sft", "freeze", "attribution_gate")
+            for m in (
+                "low_lr",
+                "ewc",
+                "replay",
+                "kl_sft",
+                "freeze",
+                "attribution_gate",
+                "task_arithmetic",
+                "ties",
+            )
         ),
     ],
 )
@@ -111,11 +120,16 @@ def test_two_sharded_processes_match_one(tiny_model_dir: Path, tmp_path: Path, m
 
 
 @SLOW
-def test_a_run_killed_on_one_process_resumes_sharded(tiny_model_dir: Path, tmp_path: Path) -> None:
-    """The task-1 checkpoint (weights and EWC's Fisher and anchor, whole) is split over two
-    sharded processes on resume, and task 2 goes on as in an uninterrupted run."""
-    raw = _config(tiny_model_dir, "ewc", "full")
-    raw["method"]["lam"] = 1e9
+@pytest.mark.parametrize("method", ["ewc", "ties"])
+def test_a_run_killed_on_one_process_resumes_sharded(
+    tiny_model_dir: Path, tmp_path: Path, method: str
+) -> None:
+    """The task-1 checkpoint (weights and the method state, whole: EWC's Fisher and anchor,
+    TIES's stored update) is read by two sharded processes on resume (EWC's state split like
+    its weights, TIES's kept whole), and task 2 goes on as in an uninterrupted run."""
+    raw = _config(tiny_model_dir, method, "full")
+    if method == "ewc":
+        raw["method"]["lam"] = 1e9
     config = write_config(tmp_path, raw)
     cli(config, tmp_path / "one")
     killed_at("between_tasks", 1, config, tmp_path / "two")

@@ -30,6 +30,7 @@ class TaskArithmetic(Method[TaskArithmeticConfig]):
     config_cls = TaskArithmeticConfig
     smoke: ClassVar[dict[str, Any]] = {"scaling": 0.5}
     capabilities = frozenset({Capability.TRAIN_STAGE})
+    unsharded = None  # θ ← θ + λΔ is element-wise: it runs on each process's shards
 
     def __init__(self, config: TaskArithmeticConfig) -> None:
         super().__init__(config)
