@@ -45,10 +45,16 @@ def killed_at(point: str, n: int, config: Path, out: Path) -> None:
     )
 
 
-def two_processes(config: Path, out: Path, fsdp: bool = False) -> str:
+def two_processes(
+    config: Path, out: Path, fsdp: bool = False, killed_at: tuple[str, int] | None = None
+) -> str:
     """``accelerate launch`` with 2 processes (torchrun underneath; gloo on a CPU machine),
-    data-parallel, or sharded with an FSDP version 2 config (``fsdp``)."""
+    data-parallel, or sharded with an FSDP version 2 config (``fsdp``); with ``killed_at``, each
+    process is SIGKILLed at that point (the crash harness) and the launch must fail."""
     mode = ["--config_file", str(FSDP_CONFIG)] if fsdp else ["--multi_gpu"]
+    target = ["-m", "forgetless"]
+    if killed_at is not None:
+        target = [str(HARNESS), killed_at[0], str(killed_at[1])]
     command = [
         str(ACCELERATE),
         "launch",
@@ -63,13 +69,12 @@ def two_processes(config: Path, out: Path, fsdp: bool = False) -> str:
         "no",
         "--main_process_port",
         str(29500 + os.getpid() % 1000),
-        "-m",
-        "forgetless",
+        *target,
         *run_args(config, out),
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(command, env=env, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert (done.returncode != 0) == (killed_at is not None), done.stderr[-3000:]
     return done.stdout + done.stderr
 
 

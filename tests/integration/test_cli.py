@@ -93,7 +93,6 @@ def test_validate_runs_nothing(
     [
         ("method.name=mtl", "method 'mtl' does not run sharded (FSDP2): it keeps state"),
         ("finetune.mode=lora", "finetune.mode lora does not run sharded (FSDP2) yet"),
-        ("train.checkpoint_every=2", "train.checkpoint_every: step checkpoints are not"),
         (
             "method={name: attribution_gate, gate: gradient}",
             "method 'attribution_gate' does not run sharded (FSDP2): it scales gradients",

@@ -19,6 +19,7 @@ from cli_runs import (
     write_config,
 )
 from conftest import tiny_run_config
+from safetensors.torch import load_file
 
 from forgetless.testing import smoke_method
 from forgetless.training.pretrain import SHIPPED_BASE
@@ -143,3 +144,34 @@ def test_a_run_killed_on_one_process_resumes_sharded(
     for name, tensors in state_one.items():
         for key, value in tensors.items():
             torch.testing.assert_close(state_two[name][key], value, rtol=1e-3, atol=1e-4)
+
+
+@SLOW
+def test_sharded_step_checkpoints_are_whole_and_resume(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Killed inside task 2 after its step-2 checkpoint, two sharded processes leave the file a
+    one-process run leaves (weights and AdamW moments gathered whole); the sharded run resumes
+    from it, and so do two sharded processes from the one-process run's, as uninterrupted."""
+    train = {"steps": 6, "batch_size": 8, "lr": 1e-3, "max_length": 32, "checkpoint_every": 2}
+    config = write_config(tmp_path, tiny_run_config(tiny_model_dir, train=train))
+    cli(config, tmp_path / "full")
+    killed_at("step", 6 + 4, config, tmp_path / "one")
+    two_processes(config, tmp_path / "two", fsdp=True, killed_at=("step", 6 + 4))
+    step = Path("checkpoints") / "step-02-cipher" / "step_state.safetensors"
+    saved_one, saved_two = (
+        load_file(str(tmp_path / "one" / step)),
+        load_file(str(tmp_path / "two" / step)),
+    )
+    assert saved_one.keys() == saved_two.keys() and any(k.startswith("optim/") for k in saved_one)
+    for key, value in saved_one.items():
+        if not key.startswith("rng/"):
+            torch.testing.assert_close(saved_two[key], value, rtol=1e-4, atol=1e-6)
+    for out in (tmp_path / "two", tmp_path / "one"):
+        two_processes(config, out, fsdp=True)
+        assert results(out)["per_task"][1]["parallel"] == "fsdp2"
+        for a, b in zip(step_losses(tmp_path / "full"), step_losses(out), strict=True):
+            assert b == pytest.approx(a, rel=1e-5, abs=1e-6)
+        for name, tensors in final_state(tmp_path / "full").items():
+            for key, value in tensors.items():
+                torch.testing.assert_close(final_state(out)[name][key], value, rtol=1e-3, atol=1e-4)

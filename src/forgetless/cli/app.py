@@ -105,9 +105,7 @@ def _check_shardable(cfg: Any, source: str) -> None:
     from forgetless.errors import ConfigError
 
     method = registry.lookup(cfg.method.name)
-    broken = registry.sharding_rule_broken(
-        method, cfg.finetune.mode, cfg.train.checkpoint_every, cfg.method
-    )
+    broken = registry.sharding_rule_broken(method, cfg.finetune.mode, cfg.method)
     if broken:
         raise ConfigError(f"{source}: {broken}")
 

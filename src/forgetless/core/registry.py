@@ -74,9 +74,7 @@ def lora_rule_broken(method: Any, mode: str, regime: str) -> str | None:
     return None
 
 
-def sharding_rule_broken(
-    method: Any, mode: str, checkpoint_every: int | None, config: Any = None
-) -> str | None:
+def sharding_rule_broken(method: Any, mode: str, config: Any = None) -> str | None:
     """What stops ``method`` (configured by ``config``, when given) from running on a sharded
     model (an FSDP2 launch), or None."""
     name = getattr(method, "name", "?")
@@ -89,10 +87,5 @@ def sharding_rule_broken(
         return (
             "finetune.mode lora does not run sharded (FSDP2) yet: adapters are added per task, "
             "after the model is split; use mode full, or a data-parallel launch"
-        )
-    if checkpoint_every is not None:
-        return (
-            "train.checkpoint_every: step checkpoints are not written from a sharded model yet; "
-            "drop it under FSDP2 (task checkpoints are written)"
         )
     return None

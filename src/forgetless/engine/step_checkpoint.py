@@ -20,6 +20,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
+from forgetless.core import sharding
 from forgetless.core.storage import (
     atomic_dir,
     load_method_state,
@@ -83,6 +84,8 @@ def _to_lists(value: Any) -> Any:
 
 
 def optimizer_state(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], Any]:
+    """The optimizer's tensors (a sharded moment gathered whole: every process must call it)
+    and the rest as JSON."""
     state = optimizer.state_dict()
     tensors: dict[str, torch.Tensor] = {}
     per_param: dict[str, dict[str, Any]] = {}
@@ -90,7 +93,8 @@ def optimizer_state(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.T
         per_param[str(index)] = {}
         for key, value in entries.items():
             if isinstance(value, torch.Tensor):
-                tensors[f"optim/{index}/{key}"] = value.detach().cpu().contiguous()
+                whole = sharding.replicated(value.detach())
+                tensors[f"optim/{index}/{key}"] = whole.cpu().contiguous()
             else:
                 per_param[str(index)][key] = value
     return tensors, {"groups": _to_lists(state["param_groups"]), "scalars": per_param}
@@ -99,11 +103,14 @@ def optimizer_state(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.T
 def load_optimizer_state(
     optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], meta: Any
 ) -> None:
+    """Restore what :func:`optimizer_state` saved, each moment split like its parameter."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
     state: dict[int, dict[str, Any]] = {int(i): dict(v) for i, v in meta["scalars"].items()}
     for name, tensor in tensors.items():
         if name.startswith("optim/"):
             _, index, key = name.split("/", 2)
-            state.setdefault(int(index), {})[key] = tensor
+            value = sharding.split_like(tensor, params[int(index)]) if key != "step" else tensor
+            state.setdefault(int(index), {})[key] = value
     groups = [{**g, "betas": tuple(g["betas"])} if "betas" in g else g for g in meta["groups"]]
     optimizer.load_state_dict({"state": state, "param_groups": groups})
 
@@ -127,8 +134,10 @@ class StepCheckpointer:
         scheduler: Any,
         progress: LoopProgress,
     ) -> None:
-        weights = {
-            n: p.detach().cpu().contiguous() for n, p in model.named_parameters() if p.requires_grad
+        weights = {  # sharded: gathered whole, so the file is a one-process run's
+            n: sharding.replicated(p.detach()).cpu().contiguous()
+            for n, p in model.named_parameters()
+            if p.requires_grad
         }
         optim_tensors, optim_meta = optimizer_state(optimizer)
         rng_tensors, rng_meta = rng_state()
@@ -139,7 +148,7 @@ class StepCheckpointer:
             "scheduler": scheduler.state_dict(),
             "rng": rng_meta,
         }
-        method_state = self.method.state_dict()
+        method_state = sharding.gather_state(self.method.state_dict())
         self.folder.parent.mkdir(parents=True, exist_ok=True)
         with atomic_dir(self.folder) as tmp:
             save_file(
@@ -166,7 +175,8 @@ class StepCheckpointer:
             self._load_weights(model, tensors)
             load_optimizer_state(optimizer, tensors, meta["optimizer"])
             scheduler.load_state_dict(meta["scheduler"])
-            self.method.load_state_dict(load_method_state(self.folder))
+            method_state = sharding.shard_state_like(load_method_state(self.folder), model)
+            self.method.load_state_dict(method_state)
             set_rng_state(tensors, meta["rng"])
             saved = meta["progress"]
             saved["skipped"] = [tuple(s) for s in saved["skipped"]]
@@ -193,4 +203,4 @@ class StepCheckpointer:
                         f"{self.folder / TENSORS}: tensor {name!r} has shape {list(saved.shape)}, "
                         f"the model's is {list(param.shape)}"
                     )
-                param.copy_(saved)
+                param.copy_(sharding.split_like(saved.to(param.dtype), param))

@@ -171,9 +171,7 @@ class Runner:
     def _shard(self, model: nn.Module) -> None:
         """Split the model over the processes (an FSDP2 launch), if the run allows it."""
         cfg = self.cfg
-        broken = registry.sharding_rule_broken(
-            type(self.active), cfg.finetune.mode, cfg.train.checkpoint_every, cfg.method
-        )
+        broken = registry.sharding_rule_broken(type(self.active), cfg.finetune.mode, cfg.method)
         if broken:
             raise ConfigError(broken)
         sharding.shard_model(model)
