@@ -40,6 +40,8 @@ METHODS = {
     "freeze": ({"name": "freeze", "train_top_layers": 1}, "full"),
     "task_arithmetic": ({"name": "task_arithmetic", "scaling": 0.5}, "full"),
     "ties": ({"name": "ties", "density": 0.5}, "full"),
+    "opcm": ({"name": "opcm", "alpha": 0.5}, "full"),
+    "mtl": ({"name": "mtl"}, "full"),
     "attribution_gate": ({"name": "attribution_gate", "max_samples": 4}, "full"),
     "anchored": (
         {"name": "anchored", "outer_iterations": 2, "inner_steps": 2, "top_k": 8},

@@ -4,7 +4,8 @@ Task ``t`` trains from ``θ_{t−1}`` (the merged state); its update is ``Δ_t =
 over the trainable weights (full fine-tuning: every weight; a LoRA ``carry`` adapter: its A and
 B, merged as parameters). A method turns the updates into an increment ``ι_t`` and the model is
 set to ``θ_t = θ_{t−1} + ι_t`` in place, so evaluation, the checkpoint and the next task all see
-the merged weights.
+the merged weights. On a sharded model (FSDP2) the methods see whole updates (gathered: a trim or
+a projection reads a whole tensor) and each increment is split like its weight again.
 """
 
 from __future__ import annotations
@@ -16,17 +17,25 @@ from torch import nn
 
 from forgetless.contract.method import Stage, trainable_parameters
 from forgetless.contract.plan import TrainStats
+from forgetless.core import sharding
 
 Tensors = dict[str, torch.Tensor]
 Increment = Callable[[Tensors, Stage], Tensors]
 
 
 def write_back(params: Mapping[str, nn.Parameter], before: Tensors, increments: Tensors) -> None:
-    """``θ ← θ_{t−1} + ι`` for every trainable weight, in its own dtype and device."""
+    """``θ ← θ_{t−1} + ι`` for every trainable weight, in its own dtype and device (a whole
+    increment split like a sharded weight)."""
     with torch.no_grad():
         for name, param in params.items():
-            new = before[name].float() + increments[name].to(before[name].device).float()
-            param.copy_(new.to(param.dtype))
+            change = sharding.split_like(increments[name].to(param.device).float(), param)
+            param.copy_((before[name].float() + change).to(param.dtype))
+
+
+def kept_whole(tensors: Mapping[str, torch.Tensor]) -> Tensors:
+    """Stored updates as read back on resume, whole on the CPU (a resume of a sharded run
+    splits the tensors named like weights; this gathers them again: a collective)."""
+    return {name: sharding.replicated(value).cpu() for name, value in tensors.items()}
 
 
 def train_then_merge(method: str, stage: Stage, increment: Increment) -> TrainStats:
@@ -35,6 +44,9 @@ def train_then_merge(method: str, stage: Stage, increment: Increment) -> TrainSt
     before = {n: p.detach().clone() for n, p in params.items()}
     stats = stage.sft()
     with torch.no_grad():
-        deltas = {n: p.detach().float() - before[n].float() for n, p in params.items()}
+        deltas = {
+            n: sharding.replicated(p.detach().float() - before[n].float())
+            for n, p in params.items()
+        }
     write_back(params, before, increment(deltas, stage))
     return stats

@@ -50,6 +50,7 @@ class MTL(Method[MTLConfig]):
     name = "mtl"
     config_cls = MTLConfig
     capabilities = frozenset({Capability.TRAIN_STAGE})
+    unsharded = None  # one stage of the shared loop: runs on FSDP2 shards
     joint_training: ClassVar[bool] = True
 
     def train_task(self, stage: Stage) -> TrainStats:

@@ -18,7 +18,7 @@ from forgetless.contract.plan import TrainStats
 from forgetless.merging.blocks import is_block_matrix
 from forgetless.merging.config import OPCMParams
 from forgetless.merging.opcm import opcm_accumulate, opcm_lambda
-from forgetless.methods.continual_merge import Tensors, train_then_merge
+from forgetless.methods.continual_merge import Tensors, kept_whole, train_then_merge
 
 
 class OPCMConfig(MethodConfig, OPCMParams):
@@ -40,6 +40,7 @@ class OPCM(Method[OPCMConfig]):
     config_cls = OPCMConfig
     smoke: ClassVar[dict[str, Any]] = {"alpha": 0.5}
     capabilities = frozenset({Capability.TRAIN_STAGE, Capability.STATE})
+    unsharded = None  # the shared merge wiring hands it whole updates on a sharded model
 
     def __init__(self, config: OPCMConfig) -> None:
         super().__init__(config)
@@ -84,6 +85,6 @@ class OPCM(Method[OPCMConfig]):
         }
 
     def load_state_dict(self, state: MethodState) -> None:
-        self.accumulated = dict(state.get("accumulated", {}))
+        self.accumulated = kept_whole(state.get("accumulated", {}))
         self.task_norms = [float(v) for v in state.get("task_norms", [])]
         self.lam = float(state.get("lambda", 1.0))

@@ -16,10 +16,9 @@ from forgetless.contract.method import (
     register_method,
 )
 from forgetless.contract.plan import TrainStats
-from forgetless.core import sharding
 from forgetless.merging.config import TiesParams
 from forgetless.merging.ties import ties_merge
-from forgetless.methods.continual_merge import Tensors, train_then_merge
+from forgetless.methods.continual_merge import Tensors, kept_whole, train_then_merge
 
 
 class TiesConfig(MethodConfig, TiesParams):
@@ -40,7 +39,7 @@ class Ties(Method[TiesConfig]):
     config_cls = TiesConfig
     smoke: ClassVar[dict[str, Any]] = {"density": 0.5}
     capabilities = frozenset({Capability.TRAIN_STAGE, Capability.STATE})
-    unsharded = None  # the updates are gathered whole (trim ranks a tensor), the change split
+    unsharded = None  # the shared merge wiring hands it whole updates on a sharded model
 
     def __init__(self, config: TiesConfig) -> None:
         super().__init__(config)
@@ -54,18 +53,16 @@ class Ties(Method[TiesConfig]):
         return ties_merge(vectors, cfg.density, None, cfg.convention, cfg.normalize)
 
     def train_task(self, stage: Stage) -> TrainStats:
-        def increment(deltas: Tensors, stage: Stage) -> Tensors:
+        def increment(deltas: Tensors, _: Stage) -> Tensors:
             previous = len(self.updates)
-            whole = {n: sharding.replicated(d.detach()).cpu() for n, d in deltas.items()}
-            self.updates.append(whole)
-            params = dict(stage.ctx.model.named_parameters())
+            self.updates.append({n: d.detach().cpu() for n, d in deltas.items()})
             out = {}
             for name, delta in deltas.items():
                 now = self._merged(name, previous + 1, delta.device)
                 before = self._merged(name, previous, delta.device)
                 assert now is not None
                 change = now if before is None else now - before
-                out[name] = sharding.split_like(self.config.scaling * change, params[name])
+                out[name] = self.config.scaling * change
             return out
 
         return train_then_merge(self.name, stage, increment)
@@ -75,8 +72,4 @@ class Ties(Method[TiesConfig]):
 
     def load_state_dict(self, state: MethodState) -> None:
         stored = state.get("updates", {})
-        # a resume splits tensors named like parameters; the updates are kept whole
-        self.updates = [
-            {n: sharding.replicated(u).cpu() for n, u in stored[k].items()}
-            for k in sorted(stored, key=int)
-        ]
+        self.updates = [kept_whole(stored[k]) for k in sorted(stored, key=int)]
