@@ -125,6 +125,8 @@ def main() -> None:
         model = _model(root / "model")
         for name in args.methods.split(","):
             method, mode = METHODS[name]
+            if args.layout == "fsdp2":  # LoRA adapters do not run sharded: full fine-tuning
+                mode = "full"
             raw = {
                 "seed": 0,
                 "model": {"name_or_path": str(model)},

@@ -87,6 +87,7 @@ def test_two_processes_match_one(
                 "ties",
                 "opcm",
                 "mtl",
+                "sae_fd",
             )
         ),
     ],

@@ -373,6 +373,7 @@ class SAEFD(Method[SAEFDConfig]):
         "rho", keeps_more="higher", low=0.01, high=0.95
     )  # budget: ρ, the target share of the distillation loss (λ adapts toward it)
     smoke: ClassVar[dict[str, Any]] = {"sae_cache": "run", "sae": {"steps": 20, "n_per_task": 4}}
+    unsharded = None  # its state is activations; every process draws and scores the same ones
     capabilities = frozenset(
         {
             Capability.BATCH_TRANSFORM,
