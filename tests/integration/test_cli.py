@@ -91,7 +91,7 @@ def test_validate_runs_nothing(
 @pytest.mark.parametrize(
     ("override", "expected"),
     [
-        ("method.name=anchored", "method 'anchored' does not run sharded (FSDP2): it keeps"),
+        ("method.name=rl", "method 'rl' does not run sharded (FSDP2): it keeps"),
         ("finetune.mode=lora", "finetune.mode lora does not run sharded (FSDP2) yet"),
         (
             "method={name: attribution_gate, gate: gradient}",

@@ -88,6 +88,7 @@ def test_two_processes_match_one(
                 "opcm",
                 "mtl",
                 "sae_fd",
+                "anchored",
             )
         ),
     ],

@@ -80,6 +80,28 @@ def local(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
+def copy_shards(source: nn.Module, target: nn.Module) -> None:
+    """Each process copies its own shards of ``source``'s weights and buffers into ``target``,
+    a model of the same architecture split the same way (no collective): a sharded deepcopy."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in source.modules():  # a forward without reshard_after_forward leaves them whole
+        if isinstance(module, FSDPModule):
+            module.reshard()
+    with torch.no_grad():
+        pairs = [
+            *zip(source.parameters(), target.parameters(), strict=True),
+            *zip(source.buffers(), target.buffers(), strict=True),
+        ]
+        for mine, theirs in pairs:
+            if local(mine).shape != local(theirs).shape:
+                raise CheckpointError(
+                    f"copy_shards: a shard of shape {tuple(local(mine).shape)} against "
+                    f"{tuple(local(theirs).shape)}: the two models are not split alike"
+                )
+            local(theirs).copy_(local(mine))
+
+
 def all_true(flag: bool) -> bool:
     """``flag`` on every process (a collective: every process must call it)."""
     if not (dist.is_available() and dist.is_initialized()):

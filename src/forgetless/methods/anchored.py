@@ -27,6 +27,7 @@ from forgetless.contract.method import (
     register_method,
 )
 from forgetless.contract.plan import TrainStats
+from forgetless.core import sharding
 from forgetless.engine.loop import steps_for_epochs
 from forgetless.engine.resources import peak_memory_mb
 from forgetless.errors import ConfigError, ModelLoadError, TrainingError
@@ -193,6 +194,7 @@ class Anchored(Method[AnchoredConfig]):
     config_cls = AnchoredConfig
     smoke: ClassVar[dict[str, Any]] = {"outer_iterations": 2, "inner_steps": 2, "top_k": 8}
     capabilities = frozenset({Capability.TRAIN_STAGE})
+    unsharded = None  # its reference and snapshots are split like the student (copy_model)
 
     def __init__(self, config: AnchoredConfig) -> None:
         super().__init__(config)
@@ -288,11 +290,9 @@ class Anchored(Method[AnchoredConfig]):
             ref = self._park(freeze(loaded))
             return ref, None, {"loaded_from": path, "seconds": time.perf_counter() - tick}
         if cfg.reference_from == "base":
-            if ctx.run.load_base is None:
-                raise ModelLoadError("anchored needs the runner's base-model loader (load_base)")
-            ref = ctx.run.load_base().to(ctx.device)
+            ref = _split_like_student(_base(ctx), ctx.model)
         else:
-            ref = copy.deepcopy(ctx.model)
+            ref = copy_model(ctx)
         stats = stage.sft(model=ref, label="reference")
         ref = self._park(freeze(ref))
         info = {
@@ -304,20 +304,23 @@ class Anchored(Method[AnchoredConfig]):
         return ref, stats, info
 
     def _reset_to_base(self, ctx: TaskContext) -> None:
-        if ctx.run.load_base is None:
-            raise ModelLoadError("anchored needs the runner's base-model loader (load_base)")
+        base = _base(ctx)
+        if sharding.is_sharded(ctx.model):
+            sharding.load_full_state(ctx.model, base.state_dict(), "the base model")
+            return
         with torch.no_grad():
-            ctx.model.load_state_dict(ctx.run.load_base().state_dict())
+            ctx.model.load_state_dict(base.state_dict())
 
     def _snapshot(self, ctx: TaskContext, old: nn.Module | None) -> nn.Module:
         """A frozen copy of the student as it is now (θ(t)), reusing the last one's storage."""
         if old is None:
-            return self._park(freeze(copy.deepcopy(ctx.model)))
-        old.load_state_dict(ctx.model.state_dict())
+            return self._park(freeze(copy_model(ctx)))
+        sharding.copy_shards(ctx.model, old)
         return old
 
     def _park(self, module: nn.Module) -> nn.Module:
-        return module.to("cpu") if self.config.offload_frozen else module
+        parked = self.config.offload_frozen and not sharding.is_sharded(module)
+        return module.to("cpu") if parked else module
 
     @contextlib.contextmanager
     def _on(self, module: nn.Module | None, device: torch.device) -> Iterator[None]:
@@ -381,6 +384,29 @@ class Anchored(Method[AnchoredConfig]):
             offsets=[int(o) for o in offsets],
         )
         return cache, means
+
+
+def _base(ctx: TaskContext) -> nn.Module:
+    if ctx.run.load_base is None:
+        raise ModelLoadError("anchored needs the runner's base-model loader (load_base)")
+    return ctx.run.load_base().to(ctx.device)
+
+
+def _split_like_student(model: nn.Module, student: nn.Module) -> nn.Module:
+    """``model`` split over the processes as the student is (on a sharded run), else as is."""
+    if sharding.is_sharded(student):
+        sharding.shard_model(model)
+    return model
+
+
+def copy_model(ctx: TaskContext) -> nn.Module:
+    """A copy of the student: ``deepcopy``, which FSDP2 refuses, so on a sharded run the base
+    split alike with the student's shards copied in."""
+    if not sharding.is_sharded(ctx.model):
+        return copy.deepcopy(ctx.model)
+    copied = _split_like_student(_base(ctx), ctx.model)
+    sharding.copy_shards(ctx.model, copied)
+    return copied
 
 
 def _measured(sums: dict[str, float]) -> dict[str, float]:
