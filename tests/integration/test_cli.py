@@ -91,8 +91,11 @@ def test_validate_runs_nothing(
 @pytest.mark.parametrize(
     ("override", "expected"),
     [
-        ("method.name=rl", "method 'rl' does not run sharded (FSDP2): it keeps"),
-        ("finetune.mode=lora", "finetune.mode lora does not run sharded (FSDP2) yet"),
+        ("method.name=rl", "method 'rl' does not run sharded (FSDP2): it trains through TRL"),
+        (
+            "finetune={mode: lora, lora: {regime: per_task}}",
+            "finetune.lora.regime per_task does not run sharded (FSDP2)",
+        ),
         (
             "method={name: attribution_gate, gate: gradient}",
             "method 'attribution_gate' does not run sharded (FSDP2): it scales gradients",

@@ -180,3 +180,27 @@ def test_sharded_step_checkpoints_are_whole_and_resume(
         for name, tensors in final_state(tmp_path / "full").items():
             for key, value in tensors.items():
                 torch.testing.assert_close(final_state(out)[name][key], value, rtol=1e-3, atol=1e-4)
+
+
+@SLOW
+def test_lora_carry_runs_sharded_and_resumes(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """LoRA in the carry regime: its adapter is attached before the split and sharded with its
+    layer; two processes match one, the saved adapter is whole, and a run killed on one process
+    after task 1 resumes on two sharded ones."""
+    raw = _config(tiny_model_dir, "seq_ft", "lora")
+    raw["finetune"]["lora"]["regime"] = "carry"
+    config = write_config(tmp_path, raw)
+    cli(config, tmp_path / "one")
+    two_processes(config, tmp_path / "two", fsdp=True)
+    killed_at("between_tasks", 1, config, tmp_path / "resumed")
+    two_processes(config, tmp_path / "resumed", fsdp=True)
+    state_one = final_state(tmp_path / "one")
+    assert any("lora_B" in key for tensors in state_one.values() for key in tensors)
+    for out in (tmp_path / "two", tmp_path / "resumed"):
+        assert results(out)["per_task"][-1]["parallel"] == "fsdp2"
+        for a, b in zip(step_losses(tmp_path / "one"), step_losses(out), strict=True):
+            assert b == pytest.approx(a, rel=1e-5, abs=1e-6)
+        assert final_state(out).keys() == state_one.keys()
+        for name, tensors in state_one.items():
+            for key, value in tensors.items():
+                torch.testing.assert_close(final_state(out)[name][key], value, rtol=1e-3, atol=1e-5)

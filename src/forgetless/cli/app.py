@@ -105,7 +105,9 @@ def _check_shardable(cfg: Any, source: str) -> None:
     from forgetless.errors import ConfigError
 
     method = registry.lookup(cfg.method.name)
-    broken = registry.sharding_rule_broken(method, cfg.finetune.mode, cfg.method)
+    broken = registry.sharding_rule_broken(
+        method, cfg.finetune.mode, cfg.method, cfg.finetune.lora.regime
+    )
     if broken:
         raise ConfigError(f"{source}: {broken}")
 

@@ -74,18 +74,21 @@ def lora_rule_broken(method: Any, mode: str, regime: str) -> str | None:
     return None
 
 
-def sharding_rule_broken(method: Any, mode: str, config: Any = None) -> str | None:
-    """What stops ``method`` (configured by ``config``, when given) from running on a sharded
-    model (an FSDP2 launch), or None."""
+def sharding_rule_broken(
+    method: Any, mode: str, config: Any = None, regime: str = "carry"
+) -> str | None:
+    """What stops ``method`` (configured by ``config``, when given; LoRA in ``regime``) from
+    running on a sharded model (an FSDP2 launch), or None."""
     name = getattr(method, "name", "?")
     unsharded = getattr(method, "unsharded", None)
     if config is not None and hasattr(method, "unsharded_with"):
         unsharded = method.unsharded_with(config)
     if unsharded:
         return f"method {name!r} does not run sharded (FSDP2): it {unsharded}"
-    if mode != "full":
+    if mode == "lora" and regime != "carry":
         return (
-            "finetune.mode lora does not run sharded (FSDP2) yet: adapters are added per task, "
-            "after the model is split; use mode full, or a data-parallel launch"
+            f"finetune.lora.regime {regime} does not run sharded (FSDP2): its adapters are "
+            "added or merged per task, after the model is split; use regime carry (one adapter, "
+            "attached before the split), mode full, or a data-parallel launch"
         )
     return None

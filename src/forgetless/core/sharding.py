@@ -40,9 +40,10 @@ def fsdp_launch() -> int | None:
 
 
 def is_sharded(model: nn.Module) -> bool:
+    """Whether ``model`` or a module inside it (a PEFT wrapper's model) is split by FSDP2."""
     from torch.distributed.fsdp import FSDPModule
 
-    return isinstance(model, FSDPModule)
+    return any(isinstance(m, FSDPModule) for m in model.modules())
 
 
 def _block_classes(model: nn.Module) -> set[str]:

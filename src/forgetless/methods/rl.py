@@ -182,6 +182,10 @@ class RL(Method[RLConfig]):
         "beta": 0.1,
     }
     capabilities = frozenset({Capability.TRAIN_STAGE})
+    unsharded = (
+        "trains through TRL's GRPOTrainer, which shards through accelerate's own FSDP "
+        "preparation (GPU-family devices only), not on a model forgetless has already split"
+    )
 
     def __init__(self, config: RLConfig) -> None:
         super().__init__(config)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
 from peft import LoraConfig as PeftLoraConfig
 from peft import PeftModel, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
 from safetensors.torch import load_model, save_file, save_model
@@ -61,6 +62,12 @@ class Finetuner:
         for param_name, param in self.model.named_parameters():
             param.requires_grad = f".{name}." in param_name and "lora_" in param_name
 
+    def attach_before_split(self) -> None:
+        """On a sharded run, the ``carry`` regime's one adapter is attached before the model is
+        split, so FSDP2 shards it with its layer (B = 0: the model's outputs are unchanged)."""
+        if self.is_lora and self.cfg.lora.regime == "carry" and not self.adapters:
+            self._add_adapter("default")
+
     def begin_task(self, index: int) -> None:
         """Prepare the trainable parameters for task ``index`` (1-based)."""
         if not self.is_lora:
@@ -86,7 +93,8 @@ class Finetuner:
             target = folder / "adapters" / name
             target.mkdir(parents=True)
             state = get_peft_model_state_dict(self.model, adapter_name=name)
-            save_file({k: v.contiguous() for k, v in state.items()}, str(target / ADAPTER_FILE))
+            whole = {k: sharding.replicated(v).cpu().contiguous() for k, v in state.items()}
+            save_file(whole, str(target / ADAPTER_FILE))
             self.model.peft_config[name].save_pretrained(str(target))
 
     def end_task(self) -> None:
@@ -127,12 +135,26 @@ class Finetuner:
     def _load_adapter(self, name: str, ckpt: Path) -> None:
         path = ckpt / "adapters" / name / ADAPTER_FILE
         state = read_tensors(path)
+        if sharding.is_sharded(self.model):
+            self._load_adapter_shards(name, state, path)
+            return
         try:
             set_peft_model_state_dict(self.model, state, adapter_name=name)
         except RuntimeError as err:  # size mismatch: an adapter of another model or rank
             raise CheckpointError(
                 f"{path}: does not fit the model ({str(err).splitlines()[-1].strip()})"
             ) from None
+
+    def _load_adapter_shards(self, name: str, state: dict[str, torch.Tensor], path: Path) -> None:
+        """A whole saved adapter into a sharded model: each process keeps its part of each
+        tensor (PEFT's loader would copy whole tensors into the shards)."""
+        params = dict(self.model.named_parameters())
+        with torch.no_grad():
+            for key, value in state.items():
+                param = params.get(adapter_parameter(key, name))
+                if param is None or tuple(param.shape) != tuple(value.shape):
+                    raise CheckpointError(f"{path}: {key} does not fit the model's adapter {name}")
+                sharding.local(param).copy_(sharding.local(sharding.split_like(value, param)))
 
 
 def check_lora_targets(model: nn.Module, targets: list[str]) -> None:
@@ -154,3 +176,11 @@ def check_lora_targets(model: nn.Module, targets: list[str]) -> None:
 def _adapter_order(name: str) -> tuple[int, str]:
     suffix = name.rsplit("_", 1)[-1]
     return (int(suffix) if suffix.isdigit() else -1, name)
+
+
+def adapter_parameter(key: str, name: str) -> str:
+    """The parameter a saved adapter tensor belongs to: PEFT saves ``…lora_A.weight``, the
+    model names it ``…lora_A.<adapter>.weight``."""
+    for part in ("lora_A", "lora_B"):
+        key = key.replace(f".{part}.weight", f".{part}.{name}.weight")
+    return key

@@ -149,6 +149,7 @@ class Runner:
         self.tasks, self.probes = tasks, probes
         self.finetuner = Finetuner(model, cfg.finetune)  # checks LoRA targets before training
         if distributed.sharded():
+            self._attach_adapter()
             self._shard(model)
         self.encoded = self._encode_remaining(results)
         self.base_logprobs = self._probe_logprobs(model) if cfg.eval.kl_drift and probes else None
@@ -168,10 +169,22 @@ class Runner:
             self.tracker.finish()
         return results
 
+    def _attach_adapter(self) -> None:
+        """LoRA's carry adapter, attached before the split under the seed task 1 starts with
+        (so it starts as a one-process run's does), every random state left as it was."""
+        states = random.getstate(), np.random.get_state()
+        with torch.random.fork_rng():
+            seed_everything(task_seed(self.cfg.seed, 1))
+            self.finetuner.attach_before_split()
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+
     def _shard(self, model: nn.Module) -> None:
         """Split the model over the processes (an FSDP2 launch), if the run allows it."""
         cfg = self.cfg
-        broken = registry.sharding_rule_broken(type(self.active), cfg.finetune.mode, cfg.method)
+        broken = registry.sharding_rule_broken(
+            type(self.active), cfg.finetune.mode, cfg.method, cfg.finetune.lora.regime
+        )
         if broken:
             raise ConfigError(broken)
         sharding.shard_model(model)
