@@ -9,6 +9,7 @@ GPU machine sit apart from the CPU ones (``device``), so their figures never mix
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -117,10 +118,17 @@ def _resolve_head(git: Path) -> str | None:
     return None
 
 
+@functools.cache
+def commit_at_start() -> str | None:
+    """The commit checked out when this process first asked: a run's, read as it starts, not
+    as it ends (a long campaign may outlive several commits)."""
+    return git_commit()
+
+
 def provenance() -> dict[str, Any]:
-    """The commit checked out and the machine a run ran on."""
+    """The commit checked out (when the run started) and the machine a run ran on."""
     return {
-        "commit": git_commit(),
+        "commit": commit_at_start(),
         "machine": {
             "device": device_kind(),
             "cpu": cpu_name(),

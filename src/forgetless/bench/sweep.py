@@ -9,7 +9,13 @@ from typing import Any
 import torch
 from rich.console import Console
 
-from forgetless.bench.campaign import config_key, load_record, record_path, save_record
+from forgetless.bench.campaign import (
+    commit_at_start,
+    config_key,
+    load_record,
+    record_path,
+    save_record,
+)
 from forgetless.bench.cluster import run_on_cluster
 from forgetless.bench.jobs import Job, check_jobs, run_parallel, threads_per_job
 from forgetless.bench.stats import Interval, mean_interval, separated
@@ -134,6 +140,7 @@ def run_bench(
     ``cluster`` (an executor and its job settings) sends each run to a cluster job instead
     (``forgetless.bench.cluster``)."""
     check_jobs(jobs)
+    commit_at_start()  # what every record names: the code the bench started with
     planned = plan_runs(base, variants, seeds, orders, out_dir, first_seed)
     summaries: dict[int, dict[str, Any]] = {}
     todo: list[Job] = []
