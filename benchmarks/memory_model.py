@@ -43,6 +43,13 @@ class MethodMemory:
     copies_hold_adapters: bool = False
     """Each whole-model copy is a copy of the adapted model: under LoRA it holds the adapters
     too (one trainable-sized tensor more per copy)."""
+    whole_widths: tuple[float, ...] = ()
+    """Bytes per element of each copy of the trainable weights kept whole on every device even
+    under FSDP (state a method normalises per whole tensor, such as the attribution maps)."""
+
+    @property
+    def per_whole(self) -> float:
+        return sum(self.whole_widths)
 
     @property
     def per_trainable(self) -> float:
@@ -66,7 +73,10 @@ METHODS = {
         copies_hold_adapters=True,
     ),
     "attribution_gate": MethodMemory(
-        (2.0, 2.0, 2.0), why="fp16 importance map, its gate factors, a bf16 pre-step snapshot"
+        (2.0, 2.0),
+        why="fp16 importance map (whole on every device under FSDP), its gate factors, a bf16 "
+        "pre-step snapshot",
+        whole_widths=(2.0,),
     ),
     "sae_fd": MethodMemory(why="an SAE of one layer and anchors (fixed, not per parameter)"),
     "task_arithmetic": MethodMemory((2.0, 2.0), why="bf16 task start and merged state"),
@@ -85,7 +95,8 @@ def predicted_copies(name: str, row: dict[str, Any]) -> float:
     copy = row["weights"]
     if memory.copies_hold_adapters and row.get("mode") == "lora":
         copy += row["trainable"]
-    extra = len(memory.trainable_widths) * row["trainable"] + len(memory.weight_widths) * copy
+    widths = len(memory.trainable_widths) + len(memory.whole_widths)
+    extra = widths * row["trainable"] + len(memory.weight_widths) * copy
     return extra / row["trainable"]
 
 
@@ -99,6 +110,7 @@ def per_device_gb(
     weights = trainable * 2.0 + frozen * FROZEN_BYTES + copy * method.per_weight
     grads_and_optimizer = trainable * (TRAINABLE_BYTES - 2.0)
     state = trainable * method.per_trainable
+    whole = trainable * method.per_whole  # never divided
     if strategy == "ZeRO-2":
         grads_and_optimizer /= devices
     elif strategy != "DDP":
@@ -107,7 +119,7 @@ def per_device_gb(
             grads_and_optimizer / devices,
             state / devices,
         )
-    return (weights + grads_and_optimizer + state) / 1e9
+    return (weights + grads_and_optimizer + state + whole) / 1e9
 
 
 def table(devices: int = 8) -> str:
