@@ -25,6 +25,7 @@ from typing import Any
 import yaml
 from safetensors.torch import load_file
 
+from forgetless.contract.method import method_class
 from forgetless.core.storage import atomic_write_json
 from forgetless.models.tiny import build_char_tokenizer, build_tiny_model
 from forgetless.training.pretrain import SHIPPED_BASE
@@ -42,6 +43,11 @@ METHODS = {
     "ties": ({"name": "ties", "density": 0.5}, "full"),
     "opcm": ({"name": "opcm", "alpha": 0.5}, "full"),
     "mtl": ({"name": "mtl"}, "full"),
+    "o_lora": ({"name": "o_lora"}, "lora"),
+    "rl": (
+        {"name": "rl", "rl_steps": 2, "prompts_per_step": 2, "group_size": 2, "beta": 0.1},
+        "full",
+    ),
     "attribution_gate": ({"name": "attribution_gate", "max_samples": 4}, "full"),
     "anchored": (
         {"name": "anchored", "outer_iterations": 2, "inner_steps": 2, "top_k": 8},
@@ -127,11 +133,13 @@ def main() -> None:
             method, mode = METHODS[name]
             if args.layout == "fsdp2":  # LoRA adapters do not run sharded: full fine-tuning
                 mode = "full"
+            regimes = method_class(name).lora_regimes
+            lora = {"r": 2, "regime": regimes[0]} if regimes else {"r": 2}
             raw = {
                 "seed": 0,
                 "model": {"name_or_path": str(model)},
                 "method": method,
-                "finetune": {"mode": mode, "lora": {"r": 2}},
+                "finetune": {"mode": mode, "lora": lora},
                 "train": {"steps": args.steps, "batch_size": 8, "lr": 1e-3, "max_length": 32},
                 "eval": {"n_eval": 8, "n_train": 32, "batch_size": 8, "kl_examples": 4},
                 "tasks": ["reverse", "cipher"],
