@@ -44,10 +44,6 @@ METHODS = {
     "opcm": ({"name": "opcm", "alpha": 0.5}, "full"),
     "mtl": ({"name": "mtl"}, "full"),
     "o_lora": ({"name": "o_lora"}, "lora"),
-    "rl": (
-        {"name": "rl", "rl_steps": 2, "prompts_per_step": 2, "group_size": 2, "beta": 0.1},
-        "full",
-    ),
     "attribution_gate": ({"name": "attribution_gate", "max_samples": 4}, "full"),
     "anchored": (
         {"name": "anchored", "outer_iterations": 2, "inner_steps": 2, "top_k": 8},

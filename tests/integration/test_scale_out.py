@@ -32,17 +32,27 @@ CASES = [  # the fast tier keeps one two-process run: the sharded seq_ft one bel
     pytest.param("attribution_gate", "full", marks=SLOW),
     pytest.param("anchored", "full", marks=SLOW),
     pytest.param("sae_fd", "lora", marks=SLOW),
+    pytest.param("freeze", "full", marks=SLOW),
+    pytest.param("task_arithmetic", "full", marks=SLOW),
+    pytest.param("ties", "full", marks=SLOW),
+    pytest.param("opcm", "full", marks=SLOW),
+    pytest.param("o_lora", "lora", marks=SLOW),
 ]
 
 
 def _config(model_dir: Path, method: str, mode: str) -> dict[str, Any]:
-    case = smoke_method(method)[0]
-    return tiny_run_config(
+    case, finetune = smoke_method(method)
+    lora = {"r": 2, **finetune.get("lora", {})}
+    raw = tiny_run_config(
         model_dir,
         method=case,
-        finetune={"mode": mode, "lora": {"r": 2}},
+        finetune={"mode": mode, "lora": lora},
         train={"steps": 4, "batch_size": 8, "lr": 1e-3, "max_length": 32},
     )
+    if method == "attribution_gate":  # a base that answers the first task: the maps gate task 2
+        raw.update(model={"name_or_path": str(SHIPPED_BASE)}, tasks=["copy", "reverse"])
+        raw["probes"] = ["upper"]
+    return raw
 
 
 def _files(out: Path) -> list[str]:
@@ -57,6 +67,8 @@ def test_two_processes_match_one(
     cli(config, tmp_path / "one")
     two_processes(config, tmp_path / "two")
     assert {t["parallel"] for t in results(tmp_path / "two")["per_task"]} == {"ddp"}
+    if method == "attribution_gate":  # the maps are not empty: the gate acts in task 2
+        assert results(tmp_path / "two")["per_task"][0]["details"]["attribution"]["samples_correct"]
 
     one, two = step_losses(tmp_path / "one"), step_losses(tmp_path / "two")
     assert all(one) and [len(t) for t in one] == [len(t) for t in two]
@@ -99,9 +111,6 @@ def test_two_sharded_processes_match_one(tiny_model_dir: Path, tmp_path: Path, m
     raw = _config(tiny_model_dir, method, "full")
     if method == "ewc":  # a penalty as large as the loss: its gradient skips FSDP's averaging
         raw["method"]["lam"] = 1e9
-    if method == "attribution_gate":  # a base that answers the first task: the maps gate task 2
-        raw.update(model={"name_or_path": str(SHIPPED_BASE)}, tasks=["copy", "reverse"])
-        raw["probes"] = ["upper"]
     config = write_config(tmp_path, raw)
     cli(config, tmp_path / "one")
     two_processes(config, tmp_path / "two", fsdp=True)
