@@ -36,6 +36,7 @@ from typing import Any
 import yaml
 from budget_claims import render_budget  # benchmarks/ is on sys.path
 from claims_table import bench_runs, load_claims, render_section
+from frontier import figure, frontier_rows, render_frontier
 from memory_model import check_table
 from memory_model import table as memory_table
 
@@ -58,6 +59,8 @@ SECTION = re.compile(r"(<!-- results-section: (\d) -->\n)(.*?)(<!-- /results-sec
 """A block quoting section N (1-based) of benchmarks/RESULTS.md, which benchmarks/run renders
 from benchmarks/RESULTS.json: the README's costs are the benchmarks' own, never retyped."""
 RESULTS_MD = ROOT / "benchmarks" / "RESULTS.md"
+FRONTIER = re.compile(r"(<!-- frontier-table: (\S+) -->\n)(.*?)(<!-- /frontier-table -->)", re.S)
+FIGURES = ROOT / "docs" / "figures"
 BUDGET = re.compile(r"(<!-- budget-claims: (\S+) -->\n)(.*?)(<!-- /budget-claims -->)", re.S)
 CAMPAIGN_COLUMNS = [
     ("average_accuracy", "avg acc"),
@@ -292,6 +295,10 @@ def rewrite(text: str) -> str:
         _, seeds, runs, _ = _kept_runs(match.group(2))
         return match.group(1) + render_budget(runs, seeds, match.group(2)) + match.group(4)
 
+    def frontier(match: re.Match[str]) -> str:
+        return match.group(1) + render_frontier(_frontier_rows(match.group(2))) + match.group(4)
+
+    text = FRONTIER.sub(frontier, text)
     text = TASKS.sub(tasks, CAMPAIGN.sub(campaign, BLOCK.sub(table, text)))
     text = SECTION.sub(section, MEMORY.sub(memory, CLAIMS_BLOCK.sub(claims, text)))
     return MEMORY_CHECK.sub(checked, BUDGET.sub(budget, text))
@@ -304,6 +311,19 @@ def results_section(number: int) -> str:
         raise ValueError(f"benchmarks/RESULTS.md has no section {number}")
     body = parts[number - 1].split("\n", 1)[1].strip("\n")
     return body + "\n"
+
+
+def _frontier_rows(config: str) -> list[dict[str, Any]]:
+    variants, seeds, runs, _ = _kept_runs(config)
+    return frontier_rows(variants, seeds, runs, _metric)
+
+
+def draw_frontiers(text: str) -> None:
+    """Draw every frontier block of ``text`` as docs/figures/<config stem>-frontier.png."""
+    for match in FRONTIER.finditer(text):
+        figure(
+            _frontier_rows(match.group(2)), FIGURES / f"{Path(match.group(2)).stem}-frontier.png"
+        )
 
 
 def _claim_runs(claim: dict[str, Any]) -> dict[tuple[str, int], dict[str, Any]]:
@@ -326,6 +346,7 @@ def main() -> None:
             stale.append(path)
             if not args.check:
                 path.write_text(new, encoding="utf-8")
+                draw_frontiers(new)
     if args.check and stale:
         print("stale tables: " + ", ".join(str(p) for p in stale), file=sys.stderr)
         raise SystemExit(1)
