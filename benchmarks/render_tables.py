@@ -37,6 +37,7 @@ import yaml
 from budget_claims import render_budget  # benchmarks/ is on sys.path
 from claims_table import bench_runs, load_claims, render_section
 from frontier import figure, frontier_rows, render_frontier
+from geometry_claims import render_geometry
 from memory_model import check_table
 from memory_model import table as memory_table
 
@@ -61,6 +62,7 @@ from benchmarks/RESULTS.json: the README's costs are the benchmarks' own, never 
 RESULTS_MD = ROOT / "benchmarks" / "RESULTS.md"
 FRONTIER = re.compile(r"(<!-- frontier-table: (\S+) -->\n)(.*?)(<!-- /frontier-table -->)", re.S)
 FIGURES = ROOT / "docs" / "figures"
+GEOMETRY = re.compile(r"(<!-- geometry-claims: (\S+) -->\n)(.*?)(<!-- /geometry-claims -->)", re.S)
 BUDGET = re.compile(r"(<!-- budget-claims: (\S+) -->\n)(.*?)(<!-- /budget-claims -->)", re.S)
 CAMPAIGN_COLUMNS = [
     ("average_accuracy", "avg acc"),
@@ -298,7 +300,10 @@ def rewrite(text: str) -> str:
     def frontier(match: re.Match[str]) -> str:
         return match.group(1) + render_frontier(_frontier_rows(match.group(2))) + match.group(4)
 
-    text = FRONTIER.sub(frontier, text)
+    def geometry(match: re.Match[str]) -> str:
+        return match.group(1) + render_geometry(RESULTS / match.group(2)) + match.group(4)
+
+    text = GEOMETRY.sub(geometry, FRONTIER.sub(frontier, text))
     text = TASKS.sub(tasks, CAMPAIGN.sub(campaign, BLOCK.sub(table, text)))
     text = SECTION.sub(section, MEMORY.sub(memory, CLAIMS_BLOCK.sub(claims, text)))
     return MEMORY_CHECK.sub(checked, BUDGET.sub(budget, text))

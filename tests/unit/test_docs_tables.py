@@ -163,3 +163,36 @@ def test_budget_claims_follow_their_rules(tmp_path: Path) -> None:
         runs[("b", s)] = run(0.69 + 0.01 * s, 0.95 if s else 0.85, 12.0, s != 0, checks=3.0)
     row = render_budget(runs, seeds, "c.yaml", spec).splitlines()[2]
     assert "67% kept; **not supported**" in row and "**inferior**" in row and "**not met**" in row
+
+
+def test_geometry_claims_compare_signals_run_by_run() -> None:
+    import geometry_claims
+
+    def level(values: dict[str, float]) -> dict[str, dict[str, float]]:
+        return {"per_run": values}
+
+    data = {
+        "run_level_position_controlled": {
+            "state_conflict": level({"a": -0.8, "b": -0.7, "c": -0.9}),
+            "update_norm": level({"a": -0.1, "b": 0.2, "c": 0.0}),
+            "pairwise_conflict": level({"a": -0.8, "b": -0.6, "c": -0.95}),
+            "sar": level({"a": 0.1}),
+        },
+        "run_level": {"update_norm": level({"a": -0.9, "b": -0.95, "c": -0.85})},
+    }
+    rows = {r.split(" | ")[0][2:]: r for r in geometry_claims.claim_rows("seq_ft", data)}
+    assert rows["State conflict predicts the loss of still-retained tasks"].endswith(
+        "**supported** |"
+    )
+    assert (
+        "without the control −0.900"
+        in rows["Update norm predicts the loss of still-retained tasks"]
+    )
+    assert rows["Update norm predicts the loss of still-retained tasks"].endswith(
+        "**inconclusive** |"
+    )
+    assert rows["State conflict predicts it better than update norm"].endswith("**supported** |")
+    assert rows["State conflict predicts it better than pairwise conflict"].endswith(
+        "**inconclusive** |"
+    )
+    assert rows["State conflict predicts it better than SAR"].endswith("**exploratory** |")

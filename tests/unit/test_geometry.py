@@ -19,6 +19,7 @@ from forgetless.diagnostics.diagnose_geometry import (
     fisher_interval,
     loglik_changes,
     pearson,
+    position_residuals,
     retention_changes,
     run_level,
     spearman,
@@ -170,6 +171,37 @@ def test_run_level_takes_one_correlation_per_run() -> None:
     assert found["runs"] == 3
     assert found["spearman"]["mean"] == pytest.approx(1 / 3)
     assert run_level(rows[:3], "retention_change_loglik")["sar"]["runs"] == 0  # too few points
+
+
+def test_position_control_removes_a_pure_position_effect_and_keeps_a_task_one() -> None:
+    """Update norm shrinks and ΔR rises with position in every order: a perfect pooled and
+    within-run correlation that is position alone. Once each position's mean is taken out, only
+    what differs between runs at the same position is left."""
+    rows = [
+        {
+            "run": f"o{order}",
+            "task_index": t,
+            "update_norm": 10.0 - t,
+            "retention_change_loglik": float(t),
+        }
+        for order in range(3)
+        for t in range(1, 8)
+    ]
+    assert run_level(rows, "retention_change_loglik")["update_norm"]["spearman"]["mean"] == -1.0
+    controlled = run_level(
+        position_residuals(rows, "retention_change_loglik"), "retention_change_loglik"
+    )
+    assert controlled["update_norm"]["runs"] == 0  # nothing left to correlate
+    noise = [0.3, -0.1, 0.7, -0.4, 0.2, 0.5, -0.6]
+    for row in rows:  # a task effect: a larger update than its position's loses more
+        bump = noise[(row["task_index"] + 2 * int(row["run"][1])) % 7]
+        row["update_norm"] += bump
+        row["retention_change_loglik"] -= bump
+    controlled = run_level(
+        position_residuals(rows, "retention_change_loglik"), "retention_change_loglik"
+    )["update_norm"]
+    assert controlled["runs"] == 3 and controlled["spearman"]["mean"] < -0.95  # rounding ties
+    assert set(controlled["per_run"]) == {"o0", "o1", "o2"}
 
 
 @pytest.mark.parametrize(

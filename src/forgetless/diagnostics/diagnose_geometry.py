@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -322,12 +323,34 @@ def correlations(
     return out
 
 
+def position_residuals(rows: list[dict[str, Any]], target: str) -> list[dict[str, Any]]:
+    """The rows with every signal and ``target`` minus its mean at the same task position over
+    all rows given: with the task order permuted between runs, what is left at a position is
+    the task's and the state's, not the position's (a later update is smaller and meets more
+    forgotten tasks in every order)."""
+    by_position: dict[int, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_position.setdefault(int(row["task_index"]), []).append(row)
+    out = [dict(row) for row in rows]
+    for key in (*SIGNALS, target):
+        means = {
+            position: statistics.fmean(values)
+            for position, group in by_position.items()
+            if (values := [r[key] for r in group if r.get(key) is not None])
+        }
+        for row in out:
+            if row.get(key) is not None:
+                row[key] = row[key] - means[int(row["task_index"])]
+    return out
+
+
 def run_level(
     rows: list[dict[str, Any]], target: str, min_points: int = 4
 ) -> dict[str, dict[str, Any]]:
     """Each signal's Spearman with ``target`` within each run (runs with at least
     ``min_points`` defined points), then the mean and 95% t-interval over runs: the run is the
-    unit, where pooling treats a run's tasks as independent draws."""
+    unit, where pooling treats a run's tasks as independent draws. ``per_run`` keeps each run's
+    value, so that two signals can be compared run by run."""
     from forgetless.bench.stats import mean_interval
 
     by_run: dict[str, list[dict[str, Any]]] = {}
@@ -335,14 +358,18 @@ def run_level(
         by_run.setdefault(row["run"], []).append(row)
     out: dict[str, dict[str, Any]] = {}
     for signal in SIGNALS:
-        per_run = []
-        for run_rows in by_run.values():
+        per_run: dict[str, float] = {}
+        for run, run_rows in by_run.items():
             x, y = defined_pairs(run_rows, signal, target)
             rho = spearman(x, y) if len(x) >= min_points else None
             if rho is not None:
-                per_run.append(rho)
-        found = mean_interval(per_run)
-        out[signal] = {"runs": len(per_run), "spearman": found.as_dict() if found else None}
+                per_run[run] = rho
+        found = mean_interval(list(per_run.values()))
+        out[signal] = {
+            "runs": len(per_run),
+            "spearman": found.as_dict() if found else None,
+            "per_run": per_run,
+        }
     return out
 
 
@@ -390,6 +417,9 @@ def diagnose_runs(run_dirs: list[Path], out: Path | None = None, rank: int = 64)
         "correlations": correlations(rows),
         "correlations_loglik": correlations(rows, "retention_change_loglik"),
         "run_level": run_level(rows, "retention_change_loglik"),
+        "run_level_position_controlled": run_level(
+            position_residuals(rows, "retention_change_loglik"), "retention_change_loglik"
+        ),
         "plot": str(target.with_suffix(".png")),
     }
     plot_conflict(rows, target.with_suffix(".png"))

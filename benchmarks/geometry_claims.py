@@ -1,0 +1,81 @@
+"""The geometry claims (docs/claims.md) from ``forgetless diagnose geometry`` files.
+
+A block ``<!-- geometry-claims: DIR -->`` … ``<!-- /geometry-claims -->`` is filled with one row
+per claim and method, from ``benchmarks/results/DIR/geometry-<method>.json`` (one diagnosis over
+all of that method's runs: seeds × task orders). The unit is the run: each run gives one Spearman
+correlation between a signal and the change in log-likelihood of the tasks still retained
+(``retention_change_loglik``), after each task position's mean over the runs is taken out
+(``run_level_position_controlled``). A claim that a signal predicts forgetting expects a negative
+correlation (a larger signal, a larger loss); a claim that one signal predicts better than
+another compares the size of the two correlations run by run. Verdicts follow the house rule
+(``paired_verdict``): the 95% interval over runs must exclude zero.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from forgetless.bench.stats import mean_interval, paired_verdict
+
+SIGNAL_LABELS = {
+    "state_conflict": "state conflict",
+    "pairwise_conflict": "pairwise conflict",
+    "update_norm": "update norm",
+    "sar": "SAR",
+}
+PREDICTS = ("state_conflict", "update_norm", "pairwise_conflict", "sar")
+BEATS = ("update_norm", "pairwise_conflict", "sar")
+SOURCE = "Geometry Conflict paper"
+
+
+def _cell(values: list[float]) -> str:
+    found = mean_interval(values)
+    if found is None:
+        return "n/a"
+    text = f"{found.mean:.3f}".replace("-", "−")
+    return text if found.n < 2 else f"{text} ± {(found.high - found.low) / 2:.3f}"
+
+
+def _per_run(data: dict[str, Any], signal: str, key: str) -> dict[str, float]:
+    return dict((data.get(key) or {}).get(signal, {}).get("per_run") or {})
+
+
+def claim_rows(method: str, data: dict[str, Any]) -> list[str]:
+    """The rows of one method's diagnosis."""
+    rows = []
+    controlled = "run_level_position_controlled"
+    for signal in PREDICTS:
+        rhos = list(_per_run(data, signal, controlled).values())
+        raw = list(_per_run(data, signal, "run_level").values())
+        claim = f"{SIGNAL_LABELS[signal].capitalize()} predicts the loss of still-retained tasks"
+        measured = (
+            f"Spearman per run, position controlled: {_cell(rhos)} ({len(rhos)} runs); "
+            f"without the control {_cell(raw)}"
+        )
+        verdict = paired_verdict(rhos, expected=-1)
+        rows.append(f"| {claim} | `{method}` | {SOURCE} | {measured} | **{verdict}** |")
+    state = _per_run(data, "state_conflict", controlled)
+    for other in BEATS:
+        theirs = _per_run(data, other, controlled)
+        runs = sorted(set(state) & set(theirs))
+        diffs = [abs(state[r]) - abs(theirs[r]) for r in runs]
+        claim = f"State conflict predicts it better than {SIGNAL_LABELS[other]}"
+        measured = f"\\|ρ state\\| − \\|ρ {SIGNAL_LABELS[other]}\\| per run: {_cell(diffs)}"
+        measured += f" ({len(diffs)} runs)"
+        verdict = paired_verdict(diffs, expected=1)
+        rows.append(f"| {claim} | `{method}` | {SOURCE} | {measured} | **{verdict}** |")
+    return rows
+
+
+def render_geometry(folder: Path) -> str:
+    """The table for every ``geometry-<method>.json`` under ``folder``."""
+    lines = ["| claim | method | source | measured | verdict |", "|---|---|---|---|---|"]
+    files = sorted(folder.glob("geometry-*.json"))
+    for path in files:
+        method = path.stem.removeprefix("geometry-")
+        lines.extend(claim_rows(method, json.loads(path.read_text(encoding="utf-8"))))
+    if not files:
+        lines.append("| (no diagnosis kept yet) | | | | **not measured** |")
+    return "\n".join(lines) + "\n"
