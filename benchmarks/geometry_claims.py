@@ -49,7 +49,8 @@ def claim_rows(method: str, data: dict[str, Any]) -> list[str]:
     for signal in PREDICTS:
         rhos = list(_per_run(data, signal, controlled).values())
         raw = list(_per_run(data, signal, "run_level").values())
-        claim = f"{SIGNAL_LABELS[signal].capitalize()} predicts the loss of still-retained tasks"
+        label = SIGNAL_LABELS[signal]
+        claim = f"{label[0].upper() + label[1:]} predicts the loss of still-retained tasks"
         measured = (
             f"Spearman per run, position controlled: {_cell(rhos)} ({len(rhos)} runs); "
             f"without the control {_cell(raw)}"
