@@ -40,12 +40,18 @@ def bench_runs(results: Path, name: str) -> Runs:
     return {(r["variant"], int(r["seed"])): r for r in bench["runs"]}
 
 
-def _cell(values: list[float]) -> str:
+def fmt_interval(mean: float, half: float, n: int) -> str:
+    """A mean with the half-width of its 95% interval (the mean alone for one value)."""
+    text = f"{mean:.3f}".replace("-", "−")
+    return text if n < 2 else f"{text} ± {half:.3f}"
+
+
+def interval_cell(values: list[float]) -> str:
+    """``values``' mean and 95% interval as a table cell ("n/a" for none)."""
     found = mean_interval(values)
     if found is None:
         return "n/a"
-    text = f"{found.mean:.3f}".replace("-", "−")
-    return text if found.n < 2 else f"{text} ± {(found.high - found.low) / 2:.3f}"
+    return fmt_interval(found.mean, (found.high - found.low) / 2, found.n)
 
 
 def claim_row(
@@ -67,8 +73,8 @@ def claim_row(
     verdict = paired_verdict(diffs, int(claim.get("expected", 1)), untestable)
     label = claim.get("metric_label", key)
     measured = (
-        f"{label}: `{arm}` {_cell(arms)} vs `{control}` {_cell(controls)}; "
-        f"paired {_cell(diffs)} ({len(diffs)} seed{'' if len(diffs) == 1 else 's'})"
+        f"{label}: `{arm}` {interval_cell(arms)} vs `{control}` {interval_cell(controls)}; "
+        f"paired {interval_cell(diffs)} ({len(diffs)} seed{'' if len(diffs) == 1 else 's'})"
     )
     return measured, verdict
 

@@ -17,6 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from claims_table import fmt_interval
+
 from forgetless.bench.stats import mean_interval
 from forgetless.report.plots import pareto_front, tradeoff
 
@@ -56,9 +58,7 @@ def frontier_rows(
 def _cell(stats: dict[str, float] | None) -> str:
     if stats is None:
         return "n/a"
-    text = f"{stats['mean']:.3f}".replace("-", "−")
-    half = (stats["high"] - stats["low"]) / 2
-    return text + (f" ± {half:.3f}" if stats["n"] > 1 else "")
+    return fmt_interval(stats["mean"], (stats["high"] - stats["low"]) / 2, int(stats["n"]))
 
 
 def render_frontier(rows: list[dict[str, Any]]) -> str:

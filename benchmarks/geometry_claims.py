@@ -17,7 +17,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from forgetless.bench.stats import mean_interval, paired_verdict
+from claims_table import interval_cell
+
+from forgetless.bench.stats import paired_verdict
 
 SIGNAL_LABELS = {
     "state_conflict": "state conflict",
@@ -28,14 +30,6 @@ SIGNAL_LABELS = {
 PREDICTS = ("state_conflict", "update_norm", "pairwise_conflict", "sar")
 BEATS = ("update_norm", "pairwise_conflict", "sar")
 SOURCE = "Geometry Conflict paper"
-
-
-def _cell(values: list[float]) -> str:
-    found = mean_interval(values)
-    if found is None:
-        return "n/a"
-    text = f"{found.mean:.3f}".replace("-", "−")
-    return text if found.n < 2 else f"{text} ± {(found.high - found.low) / 2:.3f}"
 
 
 def _per_run(data: dict[str, Any], signal: str, key: str) -> dict[str, float]:
@@ -52,8 +46,8 @@ def claim_rows(method: str, data: dict[str, Any]) -> list[str]:
         label = SIGNAL_LABELS[signal]
         claim = f"{label[0].upper() + label[1:]} predicts the loss of still-retained tasks"
         measured = (
-            f"Spearman per run, position controlled: {_cell(rhos)} ({len(rhos)} runs); "
-            f"without the control {_cell(raw)}"
+            f"Spearman per run, position controlled: {interval_cell(rhos)} ({len(rhos)} runs); "
+            f"without the control {interval_cell(raw)}"
         )
         verdict = paired_verdict(rhos, expected=-1)
         rows.append(f"| {claim} | `{method}` | {SOURCE} | {measured} | **{verdict}** |")
@@ -63,7 +57,7 @@ def claim_rows(method: str, data: dict[str, Any]) -> list[str]:
         runs = sorted(set(state) & set(theirs))
         diffs = [abs(state[r]) - abs(theirs[r]) for r in runs]
         claim = f"State conflict predicts it better than {SIGNAL_LABELS[other]}"
-        measured = f"\\|ρ state\\| − \\|ρ {SIGNAL_LABELS[other]}\\| per run: {_cell(diffs)}"
+        measured = f"\\|ρ state\\| − \\|ρ {SIGNAL_LABELS[other]}\\| per run: {interval_cell(diffs)}"
         measured += f" ({len(diffs)} runs)"
         verdict = paired_verdict(diffs, expected=1)
         rows.append(f"| {claim} | `{method}` | {SOURCE} | {measured} | **{verdict}** |")
