@@ -35,8 +35,10 @@ from typing import Any
 
 import yaml
 from budget_claims import render_budget  # benchmarks/ is on sys.path
+from circuits_claims import render_circuits
 from claims_table import bench_runs, load_claims, render_section
 from frontier import figure, frontier_rows, render_frontier
+from gcwm_gates import render_gates
 from geometry_claims import render_geometry
 from memory_model import check_table
 from memory_model import table as memory_table
@@ -63,6 +65,8 @@ RESULTS_MD = ROOT / "benchmarks" / "RESULTS.md"
 FRONTIER = re.compile(r"(<!-- frontier-table: (\S+) -->\n)(.*?)(<!-- /frontier-table -->)", re.S)
 FIGURES = ROOT / "docs" / "figures"
 GEOMETRY = re.compile(r"(<!-- geometry-claims: (\S+) -->\n)(.*?)(<!-- /geometry-claims -->)", re.S)
+CIRCUITS = re.compile(r"(<!-- circuits-claims: (\S+) -->\n)(.*?)(<!-- /circuits-claims -->)", re.S)
+GATES = re.compile(r"(<!-- gcwm-gates: (\S+) -->\n)(.*?)(<!-- /gcwm-gates -->)", re.S)
 BUDGET = re.compile(r"(<!-- budget-claims: (\S+) -->\n)(.*?)(<!-- /budget-claims -->)", re.S)
 CAMPAIGN_COLUMNS = [
     ("average_accuracy", "avg acc"),
@@ -159,6 +163,7 @@ def _kept_runs(config: str) -> tuple[list[str], list[int], dict[tuple[str, int],
         if record is not None:
             results = record.get("results") or {}
             keys = ("rows", "probe_accuracy", "probe_chance", "kl_drift", "eval_seconds")
+            keys += ("per_task",)
             rows = {k: results.get(k) for k in keys}
             runs[(variant.name, cfg.seed)] = record["summary"] | {"results": rows}
         elif path.is_file():
@@ -303,7 +308,15 @@ def rewrite(text: str) -> str:
     def geometry(match: re.Match[str]) -> str:
         return match.group(1) + render_geometry(RESULTS / match.group(2)) + match.group(4)
 
-    text = GEOMETRY.sub(geometry, FRONTIER.sub(frontier, text))
+    def circuits(match: re.Match[str]) -> str:
+        return match.group(1) + render_circuits(RESULTS / match.group(2)) + match.group(4)
+
+    def gates(match: re.Match[str]) -> str:
+        variants, _, runs, _ = _kept_runs(match.group(2))
+        return match.group(1) + render_gates(variants, runs) + match.group(4)
+
+    text = CIRCUITS.sub(circuits, GEOMETRY.sub(geometry, FRONTIER.sub(frontier, text)))
+    text = GATES.sub(gates, text)
     text = TASKS.sub(tasks, CAMPAIGN.sub(campaign, BLOCK.sub(table, text)))
     text = SECTION.sub(section, MEMORY.sub(memory, CLAIMS_BLOCK.sub(claims, text)))
     return MEMORY_CHECK.sub(checked, BUDGET.sub(budget, text))

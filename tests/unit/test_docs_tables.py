@@ -196,3 +196,40 @@ def test_geometry_claims_compare_signals_run_by_run() -> None:
         "**inconclusive** |"
     )
     assert rows["State conflict predicts it better than SAR"].endswith("**exploratory** |")
+
+
+def test_circuits_claims_control_retention_by_circuit_size() -> None:
+    import circuits_claims
+
+    def row(size: int, retention: float, dcm: float) -> dict[str, object]:
+        circuit = [[1] * 4] * (size // 4) + [[0] * 4] * (4 - size // 4)
+        return {"circuit_size": size, "retention": retention, "dcm": dcm, "circuit": circuit}
+
+    def seed(rl_size: int, rl_ret: float, sft_ret: float) -> dict[str, dict[str, object]]:
+        behaviour = {"rl": row(rl_size, rl_ret, 5.0), "sft": row(8, sft_ret, 4.0)}
+        return {"facts": behaviour, "upper": behaviour, "reverse": behaviour}
+
+    # RL keeps more of the base circuit only because its circuit is larger: 16 heads of 16.
+    seeds = [seed(16, 1.0, 0.8), seed(16, 1.0, 0.85), seed(16, 1.0, 0.9)]
+    assert circuits_claims.above_chance(seeds[0]["facts"]["rl"]) == 0.0
+    rows = circuits_claims.behaviour_rows(seeds, "facts")
+    assert rows[0].endswith("**supported** |")  # raw retention
+    assert rows[1].endswith("**refuted** |")  # beyond a size-matched random circuit
+    assert "paired 1.000 ± 0.000" in rows[2] and rows[2].endswith("**supported** |")
+
+
+def test_gcwm_gates_are_grouped_by_layer_and_seed() -> None:
+    import gcwm_gates
+
+    def run(gate0: float, gate1: float) -> dict[str, object]:
+        layers = {
+            "model.layers.0.mlp.up_proj.weight": {"gate": gate0, "conflict": 1 - gate0},
+            "model.layers.0.mlp.down_proj.weight": {"gate": gate0, "conflict": 1 - gate0},
+            "model.layers.1.mlp.up_proj.weight": {"gate": gate1, "conflict": 1 - gate1},
+        }
+        return {"results": {"per_task": [{"details": {}}, {"details": {"gcwm_per_layer": layers}}]}}
+
+    runs = {("gcwm", 0): run(0.9, 0.5), ("gcwm", 1): run(0.9, 0.7), ("ta", 0): {"results": {}}}
+    table = gcwm_gates.render_gates(["ta", "gcwm"], runs)
+    assert "| `gcwm` | 2 | 0.900 ± 0.000 | 0.600 ± 1.271 | 0.500–0.900 |" in table
+    assert "`ta`" not in table
