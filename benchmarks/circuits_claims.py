@@ -38,6 +38,8 @@ DBM = {"steps": 200, "lr": 0.1, "sparsity": 1.0, "straight_through": True}
 """Fixed on the tuning seed 100: at sparsity 1.0 the base circuits hold 8–9 of the 16 heads at
 faithfulness ≥ 0.97; at the default 0.05 they held 11–14, so retention was near 1 by size."""
 EXAMPLES = 32
+FAITHFUL = 0.5
+"""The least mean faithfulness for an arm's circuits to be compared (see faithfulness_cell)."""
 KEPT = ("circuit_size", "faithfulness", "retention", "dcm", "n_specialists", "circuit")
 SOURCE = "circuits paper"
 
@@ -106,23 +108,42 @@ def _paired(seeds: list[dict[str, Any]], behaviour: str, value: Any) -> tuple[li
     return rl, sft
 
 
-def _row(claim: str, label: str, rl: list[float], sft: list[float], expected: int) -> str:
+def _row(
+    claim: str,
+    label: str,
+    rl: list[float],
+    sft: list[float],
+    expected: int,
+    faithful_note: str = "",
+    faithful: bool = True,
+) -> str:
     diffs = [a - b for a, b in zip(rl, sft, strict=True)]
     measured = (
         f"{label}: RL {interval_cell(rl)} vs SFT {interval_cell(sft)}; "
-        f"paired {interval_cell(diffs)} ({len(diffs)} seeds)"
+        f"paired {interval_cell(diffs)} ({len(diffs)} seeds){faithful_note}"
     )
-    return f"| {claim} | {SOURCE} | {measured} | **{paired_verdict(diffs, expected)}** |"
+    verdict = paired_verdict(diffs, expected) if faithful else "not testable here"
+    return f"| {claim} | {SOURCE} | {measured} | **{verdict}** |"
+
+
+def faithfulness(seeds: list[dict[str, Any]], behaviour: str) -> tuple[str, bool]:
+    """Both arms' faithfulness as a note, and whether both means reach ``FAITHFUL``: a circuit
+    that does not reproduce the behaviour is no circuit of it, so its size or overlap says
+    nothing."""
+    rl, sft = _paired(seeds, behaviour, lambda r: float(r["faithfulness"] or 0.0))
+    ok = min(sum(rl) / len(rl), sum(sft) / len(sft)) >= FAITHFUL
+    return f"; faithfulness RL {interval_cell(rl)}, SFT {interval_cell(sft)}", ok
 
 
 def behaviour_rows(seeds: list[dict[str, Any]], behaviour: str) -> list[str]:
     rows = []
+    note, faithful = faithfulness(seeds, behaviour)
     rl, sft = _paired(seeds, behaviour, lambda r: float(r["retention"]))
     claim = f"RL keeps a larger share of the base's `{behaviour}` circuit than SFT"
-    rows.append(_row(claim, "retention", rl, sft, 1))
+    rows.append(_row(claim, "retention", rl, sft, 1, note, faithful))
     rl, sft = _paired(seeds, behaviour, above_chance)
     claim += ", beyond a random circuit of the same size"
-    rows.append(_row(claim, "retention − size-matched chance", rl, sft, 1))
+    rows.append(_row(claim, "retention − size-matched chance", rl, sft, 1, "", faithful))
     rl, sft = _paired(seeds, behaviour, lambda r: float(r["dcm"]))
     claim = f"RL's preserved `{behaviour}` circuit carries more causal signal (DCM) than SFT's"
     rows.append(_row(claim, "DCM (nats)", rl, sft, 1))
@@ -137,13 +158,18 @@ def render_circuits(folder: Path) -> str:
     seeds = list(kept["seeds"].values())
     if not seeds:
         lines.append("| (no circuits kept yet) | | | **not measured** |")
-        return "\n".join(lines) + "\n"
-    for behaviour in BEHAVIOURS:
-        lines.extend(behaviour_rows(seeds, behaviour))
+    return "\n".join(lines + render_circuits_rows(seeds)) + "\n"
+
+
+def render_circuits_rows(seeds: list[dict[str, Any]]) -> list[str]:
+    """Every claim row over the kept seeds (none without seeds)."""
+    if not seeds:
+        return []
+    lines = [row for behaviour in BEHAVIOURS for row in behaviour_rows(seeds, behaviour)]
     rl, sft = _paired(seeds, TASK, lambda r: float(r["circuit_size"]))
     claim = f"SFT compresses the `{TASK}` task into fewer heads than RL"
-    lines.append(_row(claim, "task circuit size (heads)", rl, sft, 1))
-    return "\n".join(lines) + "\n"
+    lines.append(_row(claim, "task circuit size (heads)", rl, sft, 1, *faithfulness(seeds, TASK)))
+    return lines
 
 
 if __name__ == "__main__":

@@ -127,9 +127,9 @@ def main() -> None:
         model = _model(root / "model")
         for name in args.methods.split(","):
             method, mode = METHODS[name]
-            if args.layout == "fsdp2":  # LoRA adapters do not run sharded: full fine-tuning
-                mode = "full"
             regimes = method_class(name).lora_regimes
+            if args.layout == "fsdp2" and not regimes:  # the full-weight paths, sharded
+                mode = "full"
             lora = {"r": 2, "regime": regimes[0]} if regimes else {"r": 2}
             raw = {
                 "seed": 0,

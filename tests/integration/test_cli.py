@@ -93,8 +93,8 @@ def test_validate_runs_nothing(
     [
         ("method.name=rl", "method 'rl' does not run sharded (FSDP2): it trains through TRL"),
         (
-            "finetune={mode: lora, lora: {regime: per_task}}",
-            "finetune.lora.regime per_task does not run sharded (FSDP2)",
+            "finetune={mode: lora, lora: {regime: merge}}",
+            "finetune.lora.regime merge does not run sharded (FSDP2)",
         ),
         (
             "method={name: attribution_gate, gate: gradient}",

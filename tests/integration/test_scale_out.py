@@ -213,3 +213,31 @@ def test_lora_carry_runs_sharded_and_resumes(tiny_model_dir: Path, tmp_path: Pat
         for name, tensors in state_one.items():
             for key, value in tensors.items():
                 torch.testing.assert_close(final_state(out)[name][key], value, rtol=1e-3, atol=1e-5)
+
+
+@SLOW
+def test_lora_per_task_runs_sharded_and_resumes(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """O-LoRA in the per_task regime: every task's adapter is attached before the split, each
+    under its task's seed, and joins the forward pass when its task begins; its orthogonality
+    term (made large here, so a wrong scale of its sharded gradient would show) is computed on
+    the gathered A matrices. Two processes match one, also resumed after task 1."""
+    raw = _config(tiny_model_dir, "o_lora", "lora")
+    raw["method"]["lambda_orth"] = 1e3
+    config = write_config(tmp_path, raw)
+    cli(config, tmp_path / "one")
+    two_processes(config, tmp_path / "two", fsdp=True)
+    killed_at("between_tasks", 1, config, tmp_path / "resumed")
+    two_processes(config, tmp_path / "resumed", fsdp=True)
+    state_one = final_state(tmp_path / "one")
+    adapters = {f"adapters/task_{i}/adapter_model.safetensors" for i in (1, 2)}
+    assert adapters <= set(state_one)
+    terms = results(tmp_path / "one")["per_task"][1]["loss_terms"]
+    assert terms["orthogonality"] > 0
+    for out in (tmp_path / "two", tmp_path / "resumed"):
+        assert results(out)["per_task"][-1]["parallel"] == "fsdp2"
+        for a, b in zip(step_losses(tmp_path / "one"), step_losses(out), strict=True):
+            assert b == pytest.approx(a, rel=1e-5, abs=1e-6)
+        assert final_state(out).keys() == state_one.keys()
+        for name, tensors in state_one.items():
+            for key, value in tensors.items():
+                torch.testing.assert_close(final_state(out)[name][key], value, rtol=1e-3, atol=1e-5)

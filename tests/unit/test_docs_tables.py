@@ -201,9 +201,15 @@ def test_geometry_claims_compare_signals_run_by_run() -> None:
 def test_circuits_claims_control_retention_by_circuit_size() -> None:
     import circuits_claims
 
-    def row(size: int, retention: float, dcm: float) -> dict[str, object]:
+    def row(size: int, retention: float, dcm: float, faith: float = 1.0) -> dict[str, object]:
         circuit = [[1] * 4] * (size // 4) + [[0] * 4] * (4 - size // 4)
-        return {"circuit_size": size, "retention": retention, "dcm": dcm, "circuit": circuit}
+        return {
+            "circuit_size": size,
+            "retention": retention,
+            "dcm": dcm,
+            "circuit": circuit,
+            "faithfulness": faith,
+        }
 
     def seed(rl_size: int, rl_ret: float, sft_ret: float) -> dict[str, dict[str, object]]:
         behaviour = {"rl": row(rl_size, rl_ret, 5.0), "sft": row(8, sft_ret, 4.0)}
@@ -216,6 +222,12 @@ def test_circuits_claims_control_retention_by_circuit_size() -> None:
     assert rows[0].endswith("**supported** |")  # raw retention
     assert rows[1].endswith("**refuted** |")  # beyond a size-matched random circuit
     assert "paired 1.000 ± 0.000" in rows[2] and rows[2].endswith("**supported** |")
+    # a circuit that does not reproduce the behaviour is not compared
+    for s in seeds:
+        s["reverse"] = {"rl": row(12, 1.0, 5.0), "sft": row(4, 0.5, 4.0, faith=0.1)}
+    task_row = circuits_claims.render_circuits_rows(seeds)[-1]
+    assert "faithfulness RL 1.000 ± 0.000, SFT 0.100 ± 0.000" in task_row
+    assert task_row.endswith("**not testable here** |")
 
 
 def test_gcwm_gates_are_grouped_by_layer_and_seed() -> None:

@@ -85,10 +85,10 @@ def sharding_rule_broken(
         unsharded = method.unsharded_with(config)
     if unsharded:
         return f"method {name!r} does not run sharded (FSDP2): it {unsharded}"
-    if mode == "lora" and regime != "carry":
+    if mode == "lora" and regime == "merge":
         return (
-            f"finetune.lora.regime {regime} does not run sharded (FSDP2): its adapters are "
-            "added or merged per task, after the model is split; use regime carry (one adapter, "
-            "attached before the split), mode full, or a data-parallel launch"
+            "finetune.lora.regime merge does not run sharded (FSDP2): each task's adapter is "
+            "merged into the split weights; use regime carry or per_task (adapters attached "
+            "before the split), mode full, or a data-parallel launch"
         )
     return None

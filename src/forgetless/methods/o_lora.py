@@ -23,6 +23,7 @@ from forgetless.contract.method import (
     TaskContext,
     register_method,
 )
+from forgetless.core import distributed, sharding
 
 # --- the math ---------------------------------------------------------------------------------
 
@@ -114,6 +115,7 @@ class OLoRA(Method[OLoRAConfig]):
     capabilities = frozenset({Capability.TASK_START, Capability.LOSS_TERMS})
     window_ok = True  # its penalty reads the adapters, never the logits
     lora_regimes = ("per_task",)
+    unsharded = None  # adapters attached before the split; A gathered whole for the loss
 
     def __init__(self, config: OLoRAConfig) -> None:
         super().__init__(config)
@@ -132,10 +134,14 @@ class OLoRA(Method[OLoRAConfig]):
                 "(needs finetune.mode lora, regime per_task)"
             )
         self._new = matrices[current]
-        # the past adapters are frozen: stacked once per layer, the loss is one product per
-        # layer whatever the number of past tasks (Σ_t ‖A Aₜᵀ‖² = ‖A [A_1; …; A_t]ᵀ‖²)
+        # the past adapters are frozen: stacked once per layer (made whole on a sharded model),
+        # the loss is one product per layer whatever the number of past tasks
+        # (Σ_t ‖A Aₜᵀ‖² = ‖A [A_1; …; A_t]ᵀ‖²)
         layers = zip(*(matrices[name] for name in past), strict=True)
-        self._past = [[torch.cat([a.detach() for a in layer]) for layer in layers]] if past else []
+        self._past = [
+            [torch.cat([sharding.replicated(a.detach()) for a in layer]) for layer in layers]
+        ]
+        self._past = self._past if past else []
         self._new_params = [
             p for n, p in ctx.model.named_parameters() if f".{current}." in n and "lora_" in n
         ]
@@ -143,7 +149,12 @@ class OLoRA(Method[OLoRAConfig]):
     def loss_terms(self, batch: Any, outputs: Any, ctx: StepContext) -> dict[str, Tensor]:
         if not self._new:
             raise RuntimeError("o_lora: loss_terms called before on_task_start")
-        return {
-            "orthogonality": self.config.lambda_orth * orthogonality_loss(self._new, self._past),
-            "l2": self.config.lambda_l2 * l2_loss(self._new_params),
+        # on a sharded model each A is gathered whole (gradients flow back to the shards), and
+        # the terms, which read parameters only, skip FSDP's averaging (parameter_term)
+        new = [sharding.replicated(a) for a in self._new]
+        params = [sharding.replicated(p) for p in self._new_params]
+        terms = {
+            "orthogonality": self.config.lambda_orth * orthogonality_loss(new, self._past),
+            "l2": self.config.lambda_l2 * l2_loss(params),
         }
+        return {k: distributed.parameter_term(v, ctx.batch_share) for k, v in terms.items()}

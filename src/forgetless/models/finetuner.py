@@ -31,6 +31,10 @@ class Finetuner:
         self.model = model
         self.cfg = cfg
         self.adapters: list[str] = []
+        """The live adapters (active; the last one trains)."""
+        self.attached: list[str] = []
+        """Every adapter in the model, live or not yet (a sharded ``per_task`` run attaches
+        them all before the split)."""
         if self.is_lora:
             check_lora_targets(model, cfg.lora.target_modules)
 
@@ -49,24 +53,49 @@ class Finetuner:
             task_type="CAUSAL_LM",
         )
 
-    def _add_adapter(self, name: str) -> None:
+    def _attach(self, name: str) -> None:
         if isinstance(self.model, PeftModel):
             self.model.add_adapter(name, self._peft_config())
         else:
             self.model = get_peft_model(self.model, self._peft_config(), adapter_name=name)
+        self.attached.append(name)
+        # only live adapters take part in the forward pass (before task 1, the first: B = 0)
+        self._activate(list(self.adapters) or self.attached[:1])
+
+    def _activate(self, names: list[str]) -> None:
+        assert isinstance(self.model, PeftModel)
+        self.model.base_model.set_adapter(names)  # type: ignore[operator]
+
+    def _add_adapter(self, name: str) -> None:
+        if name not in self.attached:
+            self._attach(name)
         self.adapters.append(name)
-        self.model.base_model.set_adapter(list(self.adapters))  # type: ignore[operator]
+        self._activate(list(self.adapters))
         self._train_only(name)
 
     def _train_only(self, name: str) -> None:
         for param_name, param in self.model.named_parameters():
             param.requires_grad = f".{name}." in param_name and "lora_" in param_name
 
-    def attach_before_split(self) -> None:
-        """On a sharded run, the ``carry`` regime's one adapter is attached before the model is
-        split, so FSDP2 shards it with its layer (B = 0: the model's outputs are unchanged)."""
-        if self.is_lora and self.cfg.lora.regime == "carry" and not self.adapters:
-            self._add_adapter("default")
+    def tasks_attached_before_split(self, n_tasks: int) -> list[int]:
+        """The tasks whose adapters a sharded run attaches before the model is split (FSDP2
+        shards an adapter only with its layer): the ``carry`` regime's one adapter (task 1's)
+        or every ``per_task`` adapter; the ``merge`` regime cannot run sharded."""
+        if not self.is_lora:
+            return []
+        regime = self.cfg.lora.regime
+        if regime == "carry":
+            return [1]
+        return list(range(1, n_tasks + 1)) if regime == "per_task" else []
+
+    def attach_before_split(self, index: int) -> None:
+        """Attach task ``index``'s adapter before the split (B = 0: the outputs are unchanged).
+        A ``per_task`` adapter stays out of the forward pass until its task begins."""
+        if self.cfg.lora.regime == "carry":
+            if not self.adapters:
+                self._add_adapter("default")
+        elif f"task_{index}" not in self.attached:
+            self._attach(f"task_{index}")
 
     def begin_task(self, index: int) -> None:
         """Prepare the trainable parameters for task ``index`` (1-based)."""

@@ -170,12 +170,13 @@ class Runner:
         return results
 
     def _attach_adapter(self) -> None:
-        """LoRA's carry adapter, attached before the split under the seed task 1 starts with
+        """LoRA adapters attached before the split, each under the seed its task starts with
         (so it starts as a one-process run's does), every random state left as it was."""
         states = random.getstate(), np.random.get_state()
-        with torch.random.fork_rng():
-            seed_everything(task_seed(self.cfg.seed, 1))
-            self.finetuner.attach_before_split()
+        for index in self.finetuner.tasks_attached_before_split(len(self.tasks)):
+            with torch.random.fork_rng():
+                seed_everything(task_seed(self.cfg.seed, index))
+                self.finetuner.attach_before_split(index)
         random.setstate(states[0])
         np.random.set_state(states[1])
 
