@@ -191,20 +191,15 @@ def test_sharded_step_checkpoints_are_whole_and_resume(
                 torch.testing.assert_close(final_state(out)[name][key], value, rtol=1e-3, atol=1e-4)
 
 
-@SLOW
-def test_lora_carry_runs_sharded_and_resumes(tiny_model_dir: Path, tmp_path: Path) -> None:
-    """LoRA in the carry regime: its adapter is attached before the split and sharded with its
-    layer; two processes match one, the saved adapter is whole, and a run killed on one process
-    after task 1 resumes on two sharded ones."""
-    raw = _config(tiny_model_dir, "seq_ft", "lora")
-    raw["finetune"]["lora"]["regime"] = "carry"
+def _lora_runs_match_one(raw: dict[str, Any], tmp_path: Path) -> dict[str, Any]:
+    """One process, two sharded ones, and a run killed on one process after task 1 resumed on
+    two sharded ones: every step loss and every saved tensor alike. The one-process state."""
     config = write_config(tmp_path, raw)
     cli(config, tmp_path / "one")
     two_processes(config, tmp_path / "two", fsdp=True)
     killed_at("between_tasks", 1, config, tmp_path / "resumed")
     two_processes(config, tmp_path / "resumed", fsdp=True)
     state_one = final_state(tmp_path / "one")
-    assert any("lora_B" in key for tensors in state_one.values() for key in tensors)
     for out in (tmp_path / "two", tmp_path / "resumed"):
         assert results(out)["per_task"][-1]["parallel"] == "fsdp2"
         for a, b in zip(step_losses(tmp_path / "one"), step_losses(out), strict=True):
@@ -213,6 +208,18 @@ def test_lora_carry_runs_sharded_and_resumes(tiny_model_dir: Path, tmp_path: Pat
         for name, tensors in state_one.items():
             for key, value in tensors.items():
                 torch.testing.assert_close(final_state(out)[name][key], value, rtol=1e-3, atol=1e-5)
+    return state_one
+
+
+@SLOW
+def test_lora_carry_runs_sharded_and_resumes(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """LoRA in the carry regime: its adapter is attached before the split and sharded with its
+    layer; two processes match one, the saved adapter is whole, and a run killed on one process
+    after task 1 resumes on two sharded ones."""
+    raw = _config(tiny_model_dir, "seq_ft", "lora")
+    raw["finetune"]["lora"]["regime"] = "carry"
+    state_one = _lora_runs_match_one(raw, tmp_path)
+    assert any("lora_B" in key for tensors in state_one.values() for key in tensors)
 
 
 @SLOW
@@ -223,21 +230,7 @@ def test_lora_per_task_runs_sharded_and_resumes(tiny_model_dir: Path, tmp_path: 
     the gathered A matrices. Two processes match one, also resumed after task 1."""
     raw = _config(tiny_model_dir, "o_lora", "lora")
     raw["method"]["lambda_orth"] = 1e3
-    config = write_config(tmp_path, raw)
-    cli(config, tmp_path / "one")
-    two_processes(config, tmp_path / "two", fsdp=True)
-    killed_at("between_tasks", 1, config, tmp_path / "resumed")
-    two_processes(config, tmp_path / "resumed", fsdp=True)
-    state_one = final_state(tmp_path / "one")
+    state_one = _lora_runs_match_one(raw, tmp_path)
     adapters = {f"adapters/task_{i}/adapter_model.safetensors" for i in (1, 2)}
     assert adapters <= set(state_one)
-    terms = results(tmp_path / "one")["per_task"][1]["loss_terms"]
-    assert terms["orthogonality"] > 0
-    for out in (tmp_path / "two", tmp_path / "resumed"):
-        assert results(out)["per_task"][-1]["parallel"] == "fsdp2"
-        for a, b in zip(step_losses(tmp_path / "one"), step_losses(out), strict=True):
-            assert b == pytest.approx(a, rel=1e-5, abs=1e-6)
-        assert final_state(out).keys() == state_one.keys()
-        for name, tensors in state_one.items():
-            for key, value in tensors.items():
-                torch.testing.assert_close(final_state(out)[name][key], value, rtol=1e-3, atol=1e-5)
+    assert results(tmp_path / "one")["per_task"][1]["loss_terms"]["orthogonality"] > 0
