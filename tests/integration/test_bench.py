@@ -158,6 +158,40 @@ def test_campaign_keeps_runs_and_skips_what_is_kept(
         )
 
 
+def test_a_campaign_record_names_the_planned_config_when_the_run_steers_its_knob(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """A budget steers EWC's λ inside the run; the record (run in this process) keeps the
+    config it was planned with, so a re-run finds it kept."""
+    from rich.console import Console
+
+    from forgetless.bench import sweep
+    from forgetless.bench.campaign import config_key
+    from forgetless.config.loading import validate_config
+
+    method = {"name": "ewc", "lam": 100.0, "fisher_samples": 4, "fisher_batch_size": 4}
+    budget = {"metric": "kl_to_base", "max_loss": 1e-9, "check_every": 2, "probe_batch": 8}
+    budget["on_violation"] = "steer"
+    base = tiny_run_config(tiny_model_dir, tasks=["reverse"], method=method, budget=budget)
+    kept = tmp_path / "kept"
+    sweep.run_bench(
+        base,
+        [Variant(name="ewc", method=method)],
+        1,
+        1,
+        tmp_path / "a",
+        Console(quiet=True),
+        False,
+        0,
+        kept,
+    )
+    record = json.loads((kept / "cpu" / "ewc" / "s0.json").read_text(encoding="utf-8"))
+    trace = record["results"]["per_task"][0]["budget"]["trace"]
+    assert trace[-1]["value"] > 100.0  # the run did steer λ up
+    assert record["config"]["method"]["lam"] == 100.0
+    assert record["config_key"] == config_key(validate_config(base, "planned"))
+
+
 def test_jobs_give_the_sequential_table(tiny_model_dir: Path, tmp_path: Path) -> None:
     """Two worker processes, one thread per run: the same runs, metrics and order as one."""
     from rich.console import Console
