@@ -131,7 +131,7 @@ class Finetuner:
         if self.is_lora and self.cfg.lora.regime == "merge":
             assert isinstance(self.model, PeftModel)
             self.model = self.model.merge_and_unload()
-            self.adapters = []
+            self.adapters, self.attached = [], []
 
     def restore(self, checkpoints: list[Path]) -> None:
         """Rebuild the state after the tasks whose checkpoints are given (in order)."""
