@@ -236,6 +236,24 @@ def test_run_records_the_bound_step_and_residual_per_iteration(
         assert set(stats["loss_terms"]) == {"anchor_kl", "reference_sft"}
 
 
+def test_a_drawn_pool_forms_each_anchor_over_its_inner_steps_examples(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """anchor_pool: drawn caches only the examples the anchor's inner steps draw (3 steps of 8
+    here, of a larger task pool), a fresh draw per anchor, and the inner steps still run."""
+    from forgetless.methods.anchored import drawn_pool
+
+    order = [{"input_ids": [i], "index": [7 - i]} for i in range(8)]
+    assert drawn_pool(order, 3) == [{"input_ids": [i], "index": [i]} for i in range(3)]
+    method = {**SMALL, "anchor_pool": "drawn"}
+    drawn = run(tiny_model_dir, tmp_path / "drawn", method=method, train=BUDGET)
+    whole = run(tiny_model_dir, tmp_path / "task", method=SMALL, train=BUDGET)
+    for mine, theirs in zip(drawn["per_task"], whole["per_task"], strict=True):
+        tokens = mine["details"]["cache_tokens"]
+        assert 0 < tokens < theirs["details"]["cache_tokens"]
+        assert mine["details"]["cost"]["inner_steps"] == 6
+
+
 def test_alpha_zero_leaves_the_weights_unchanged(tiny_model_dir: Path, tmp_path: Path) -> None:
     results = run(
         tiny_model_dir, tmp_path, method={**SMALL, "alpha": 0.0}, tasks=["reverse"], train=BUDGET

@@ -112,6 +112,13 @@ class AnchoredConfig(MethodConfig):
         description="Live step KL(p_θ(t+1)‖p_θ(t)) and residual KL(q_t‖p_θ(t+1)): keeps a frozen "
         "snapshot of θ(t) and adds one forward of it per anchor. The bound is always recorded.",
     )
+    anchor_pool: Literal["task", "drawn"] = Field(
+        "task",
+        description="What each anchor is formed over: task, the whole task data (the paper); "
+        "drawn, only the examples that anchor's inner steps draw (a fresh draw per anchor), "
+        "for budgets where T × inner_steps × batch covers a fraction of the task data. Toolkit "
+        "option.",
+    )
     offload_frozen: bool = Field(
         True,
         description="On an accelerator, keep the frozen reference and snapshot in CPU memory "
@@ -221,7 +228,11 @@ class Anchored(Method[AnchoredConfig]):
         snapshot: nn.Module | None = None
         for t in range(1, cfg.outer_iterations + 1):
             tick = time.perf_counter()
-            cache, sums = self._pass(stage, features, reference, snapshot, build=True)
+            order = _shuffled(features, plan.seed, t)
+            pool = features  # what the anchor is formed over; the inner steps draw from order
+            if cfg.anchor_pool == "drawn":
+                pool = order = drawn_pool(order, inner_steps * plan.batch_size * plan.grad_accum)
+            cache, sums = self._pass(stage, pool, reference, snapshot, build=True)
             assert cache is not None
             seconds["cache"] += time.perf_counter() - tick
             if snapshot is not None:  # the pass also measured the iteration that just ended
@@ -238,7 +249,7 @@ class Anchored(Method[AnchoredConfig]):
                 snapshot = self._snapshot(ctx, snapshot)
             tick = time.perf_counter()
             stats = stage.sft(
-                features=_shuffled(features, plan.seed, t),
+                features=order,
                 loss_fn=anchor_loss(cache),
                 steps=inner_steps,
                 label=f"anchor {t}/{cfg.outer_iterations}",
@@ -249,8 +260,8 @@ class Anchored(Method[AnchoredConfig]):
             cache_bytes, cache_tokens = cache.nbytes, cache.values.size(0)
             del cache
         tick = time.perf_counter()
-        if snapshot is not None:
-            _, sums = self._pass(stage, features, reference, snapshot, build=False)
+        if snapshot is not None:  # over the last anchor's pool
+            _, sums = self._pass(stage, pool, reference, snapshot, build=False)
             iterations[-1].update(_measured(sums))
         seconds["measure"] = time.perf_counter() - tick
         vocab = _vocab_size(ctx.model)
@@ -411,6 +422,12 @@ def copy_model(ctx: TaskContext) -> nn.Module:
 
 def _measured(sums: dict[str, float]) -> dict[str, float]:
     return {"step_kl": sums["step_kl"], "residual_kl": sums["residual_kl"]}
+
+
+def drawn_pool(order: list[Features], examples: int) -> list[Features]:
+    """The first ``examples`` of a shuffled task pool, re-indexed as the rows of their own
+    anchor cache (the whole pool when it is smaller)."""
+    return [{**f, "index": [i]} for i, f in enumerate(order[:examples])]
 
 
 def _shuffled(features: list[Features], seed: int, t: int) -> list[Features]:
