@@ -39,7 +39,7 @@ DBM = {"steps": 200, "lr": 0.1, "sparsity": 1.0, "straight_through": True}
 faithfulness ≥ 0.97; at the default 0.05 they held 11–14, so retention was near 1 by size."""
 EXAMPLES = 32
 FAITHFUL = 0.5
-"""The least mean faithfulness for an arm's circuits to be compared (see faithfulness_cell)."""
+"""The least mean faithfulness for an arm's circuits to be compared (see ``faithfulness``)."""
 KEPT = ("circuit_size", "faithfulness", "retention", "dcm", "n_specialists", "circuit")
 SOURCE = "circuits paper"
 

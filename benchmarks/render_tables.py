@@ -162,8 +162,14 @@ def _kept_runs(config: str) -> tuple[list[str], list[int], dict[tuple[str, int],
         record = load_record(path, config_key(cfg))
         if record is not None:
             results = record.get("results") or {}
-            keys = ("rows", "probe_accuracy", "probe_chance", "kl_drift", "eval_seconds")
-            keys += ("per_task",)
+            keys = (
+                "rows",
+                "probe_accuracy",
+                "probe_chance",
+                "kl_drift",
+                "eval_seconds",
+                "per_task",
+            )
             rows = {k: results.get(k) for k in keys}
             runs[(variant.name, cfg.seed)] = record["summary"] | {"results": rows}
         elif path.is_file():

@@ -165,10 +165,7 @@ def run_bench(
             todo.append((position, cfg.model_dump(mode="json"), folder))
         else:
             console.print(f"[bold]{label}[/]: {variant.name} → {folder}")
-            # a copy: a run may steer its method's knob in its config (a forgetting budget),
-            # and the record must name the planned config, as a worker's does
-            runner = Runner(cfg.model_copy(deep=True), folder, console, progress=progress)
-            finished(position, runner.run().to_json())
+            finished(position, Runner(cfg, folder, console, progress=progress).run().to_json())
     if todo:
 
         def announce(position: int, results: dict[str, Any]) -> None:

@@ -138,10 +138,8 @@ class OLoRA(Method[OLoRAConfig]):
         # the loss is one product per layer whatever the number of past tasks
         # (Σ_t ‖A Aₜᵀ‖² = ‖A [A_1; …; A_t]ᵀ‖²)
         layers = zip(*(matrices[name] for name in past), strict=True)
-        self._past = [
-            [torch.cat([sharding.replicated(a.detach()) for a in layer]) for layer in layers]
-        ]
-        self._past = self._past if past else []
+        stacked = [torch.cat([sharding.replicated(a.detach()) for a in layer]) for layer in layers]
+        self._past = [stacked] if past else []
         self._new_params = [
             p for n, p in ctx.model.named_parameters() if f".{current}." in n and "lora_" in n
         ]
@@ -152,9 +150,10 @@ class OLoRA(Method[OLoRAConfig]):
         # on a sharded model each A is gathered whole (gradients flow back to the shards), and
         # the terms, which read parameters only, skip FSDP's averaging (parameter_term)
         new = [sharding.replicated(a) for a in self._new]
-        params = [sharding.replicated(p) for p in self._new_params]
-        terms = {
-            "orthogonality": self.config.lambda_orth * orthogonality_loss(new, self._past),
-            "l2": self.config.lambda_l2 * l2_loss(params),
-        }
+        orthogonality = self.config.lambda_orth * orthogonality_loss(new, self._past)
+        if self.config.lambda_l2 == 0:  # the default: no gathers for a term that is zero
+            l2 = orthogonality.new_zeros(())
+        else:
+            l2 = self.config.lambda_l2 * l2_loss([sharding.replicated(p) for p in self._new_params])
+        terms = {"orthogonality": orthogonality, "l2": l2}
         return {k: distributed.parameter_term(v, ctx.batch_share) for k, v in terms.items()}

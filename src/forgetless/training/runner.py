@@ -124,7 +124,8 @@ class Runner:
         task_probes = [p for p in cfg.probes if isinstance(p, TaskConfig)]
         tasks, probes = load_tasks(cfg.tasks, cfg), load_tasks(task_probes, cfg)
         self.lm_probes = [p for p in cfg.probes if isinstance(p, LmEvalProbe)]
-        self.active: Method = self.method or create_method(cfg.method)
+        # the method steers its own copy of its config (a budget's knob): cfg stays as planned
+        self.active: Method = self.method or create_method(cfg.method.model_copy(deep=True))
         broken = registry.lora_rule_broken(
             type(self.active), cfg.finetune.mode, cfg.finetune.lora.regime
         )
