@@ -34,3 +34,36 @@ def test_teacher_forced_match_agrees_with_greedy_decoding(probe: str) -> None:
     assert all(g for f, g in zip(forced, greedy, strict=True) if f)  # forced right: greedy right
     agree = sum(f == g for f, g in zip(forced, greedy, strict=True)) / len(greedy)
     assert agree >= 0.95, agree  # the rest: an answer the scorer takes with a trailing space
+
+
+def test_the_budget_measure_encodes_its_probe_batch_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    from forgetless.config.budget import BudgetConfig
+    from forgetless.tasks import formatting
+    from forgetless.training import budget_probe
+
+    cfg = load_config(None, preset="tiny")
+    model, tokenizer = load_model_and_tokenizer(cfg.model, str(SHIPPED_BASE))
+    probes = load_tasks(cfg.probes, cfg)
+    encoded = []
+    real_encode = formatting.encode_example
+
+    def counting(*args: object, **kwargs: object) -> object:
+        encoded.append(1)
+        return real_encode(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr("forgetless.eval.generation.encode_example", counting)
+    budget = BudgetConfig.model_validate({"max_loss": 0.05, "probe_batch": 32})
+    measure = budget_probe.budget_measure(budget, model, tokenizer, probes, cfg.train.max_length)
+    once = len(encoded)
+    with torch.no_grad():
+        losses = [measure(model) for _ in range(3)]
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * NOISE)
+        damaged = measure(model)
+    assert len(encoded) == once  # checks reuse the batch encoded when the measure was built
+    assert losses[0] == losses[1] == losses[2] < damaged  # the base is within; noise costs
+    batch = budget_probe.probe_batch(probes, 32)
+    for probe in batch:  # the cached batch scores as the uncached one does
+        hits = teacher_forced_match(model, tokenizer, probe.eval, cfg.train.max_length)
+        score = budget_probe.probe_scorer(tokenizer, probe, cfg.train.max_length)
+        assert score(model) == sum(hits) / len(hits)

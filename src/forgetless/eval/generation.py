@@ -91,25 +91,44 @@ def completion_logprobs(
     Returns ``(logp, mask)`` with ``logp`` of shape (batch, positions, vocab) aligned to predict
     the next token, and ``mask`` selecting the completion positions.
     """
-    logits, labels = _teacher_forced(model, tokenizer, examples, max_length)
+    return forced_logprobs(model, teacher_forced_inputs(tokenizer, examples, max_length))
+
+
+def teacher_forced_inputs(
+    tokenizer: Any, examples: list[Example], max_length: int
+) -> dict[str, torch.Tensor]:
+    """Prompt + gold completion of each example, encoded and padded into one batch (with its
+    labels): what the teacher-forced measures take, so a batch scored often is encoded once."""
+    feats = [encode_example(tokenizer, e, max_length) for e in examples]
+    pad_id = (
+        tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    )
+    return collate(feats, pad_id)
+
+
+@torch.no_grad()
+def forced_logprobs(
+    model: nn.Module, inputs: dict[str, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``completion_logprobs`` of a batch from ``teacher_forced_inputs``."""
+    logits, labels = _teacher_forced(model, inputs)
     logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
     return logp.cpu(), (labels[:, 1:] != IGNORE_INDEX).cpu()
 
 
 def _teacher_forced(
-    model: nn.Module, tokenizer: Any, examples: list[Example], max_length: int
+    model: nn.Module, inputs: dict[str, torch.Tensor]
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The logits of prompt + gold completion in one batch (eval mode), and the labels."""
     device = next(model.parameters()).device
-    feats = [encode_example(tokenizer, e, max_length) for e in examples]
-    pad_id = (
-        tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    )
-    batch = {k: v.to(device) for k, v in collate(feats, pad_id).items()}
+    batch = {k: v.to(device) for k, v in inputs.items()}
     was_training = model.training
-    model.eval()
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    model.train(was_training)
+    if was_training:
+        model.eval()
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits  # no cache to fill
+    if was_training:
+        model.train()
     return logits, batch["labels"]
 
 
@@ -132,17 +151,12 @@ def gold_loglik(
     answer flips from right to wrong.
     """
     device = next(model.parameters()).device
-    pad_id = (
-        tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    )
     was_training = model.training
     model.eval()
     per_example: list[torch.Tensor] = []
     for start in range(0, len(examples), batch_size):
-        feats = [
-            encode_example(tokenizer, e, max_length) for e in examples[start : start + batch_size]
-        ]
-        batch = {k: v.to(device) for k, v in collate(feats, pad_id).items()}
+        chunk = teacher_forced_inputs(tokenizer, examples[start : start + batch_size], max_length)
+        batch = {k: v.to(device) for k, v in chunk.items()}
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
         labels = batch["labels"][:, 1:]
         mask = labels != IGNORE_INDEX
@@ -163,7 +177,13 @@ def teacher_forced_match(
     By induction this is greedy decoding producing exactly the gold completion, so it agrees
     with exact match except where the scorer accepts another spelling (surrounding spaces) or
     the gold is longer than the task's ``max_new_tokens``."""
-    logits, labels = _teacher_forced(model, tokenizer, examples, max_length)
+    return forced_match(model, teacher_forced_inputs(tokenizer, examples, max_length))
+
+
+@torch.no_grad()
+def forced_match(model: nn.Module, inputs: dict[str, torch.Tensor]) -> list[bool]:
+    """``teacher_forced_match`` of a batch from ``teacher_forced_inputs``."""
+    logits, labels = _teacher_forced(model, inputs)
     labels = labels[:, 1:]
     hit = (logits[:, :-1].argmax(-1) == labels) | (labels == IGNORE_INDEX)
     return [bool(row) for row in hit.all(dim=1).cpu()]

@@ -13,7 +13,12 @@ from torch import nn
 
 from forgetless.config.budget import BudgetConfig
 from forgetless.errors import ConfigError
-from forgetless.eval.generation import completion_logprobs, kl_drift, teacher_forced_match
+from forgetless.eval.generation import (
+    forced_logprobs,
+    forced_match,
+    kl_drift,
+    teacher_forced_inputs,
+)
 from forgetless.eval.metrics import probe_retention
 from forgetless.eval.scorers import chance_level, score_task
 from forgetless.tasks.base import Task, exact_match
@@ -51,17 +56,22 @@ def budget_measure(
     base model): one minus the retention above chance, or the token KL to the base."""
     batch = probe_batch(probes, cfg.probe_batch)
     if cfg.metric == "kl_to_base":
-        reference = [completion_logprobs(base, tokenizer, p.eval, max_length) for p in batch]
+        inputs = [teacher_forced_inputs(tokenizer, p.eval, max_length) for p in batch]
+        reference = [forced_logprobs(base, x) for x in inputs]
 
         def kl(model: nn.Module) -> float:
-            now = [completion_logprobs(model, tokenizer, p.eval, max_length) for p in batch]
-            pairs = [kl_drift(b, n)[0] for b, n in zip(reference, now, strict=True)]
+            pairs = [
+                kl_drift(b, forced_logprobs(model, x))[0]
+                for b, x in zip(reference, inputs, strict=True)
+            ]
             return sum(pairs) / len(pairs)
 
         return kl
 
+    scorers = [probe_scorer(tokenizer, p, max_length) for p in batch]
+
     def scores(model: nn.Module) -> list[float]:
-        return [accuracy(model, tokenizer, p, max_length) for p in batch]
+        return [score(model) for score in scorers]
 
     base_scores = scores(base)
     chance = [chance_level(p) for p in batch]
@@ -95,15 +105,21 @@ def retention_standard_error(
     return math.sqrt(sum(terms)) / len(terms) if terms else 0.0
 
 
-def accuracy(model: nn.Module, tokenizer: Any, probe: Task, max_length: int) -> float:
-    """The probe's accuracy on its batch: for exact match, teacher-forced (one forward pass, the
-    same verdict as greedy decoding but for another spelling the scorer would accept); for any
-    other scorer, the scorer itself."""
+def probe_scorer(tokenizer: Any, probe: Task, max_length: int) -> Callable[[nn.Module], float]:
+    """The probe's accuracy on its batch, as a function of the model: for exact match,
+    teacher-forced (one forward pass over the batch, encoded once here; the same verdict as
+    greedy decoding but for another spelling the scorer would accept); for any other scorer,
+    the scorer itself."""
     exact = probe.scoring is None or probe.scoring.kind == "exact_match"
     if exact and probe.scorer is exact_match:
-        hits = teacher_forced_match(model, tokenizer, probe.eval, max_length)
-        return sum(hits) / len(hits)
-    return score_task(model, tokenizer, probe, len(probe.eval)).accuracy
+        inputs = teacher_forced_inputs(tokenizer, probe.eval, max_length)
+
+        def forced(model: nn.Module) -> float:
+            hits = forced_match(model, inputs)
+            return sum(hits) / len(hits)
+
+        return forced
+    return lambda model: score_task(model, tokenizer, probe, len(probe.eval)).accuracy
 
 
 def full_probe_loss(cfg: BudgetConfig, results: Any) -> float | None:

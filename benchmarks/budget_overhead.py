@@ -1,0 +1,110 @@
+"""Overhead of a forgetting budget's checks (issue 23, target (c): ≤ 1.15× a plain run's wall time).
+
+For each method, the run of ``configs/claims-budget.yaml`` without a budget and the same run with
+``budget={max_loss: 0.05}`` at the defaults (a check every 5% of a task's steps on a probe batch
+of 128, rollback), side by side: each repeat runs both, one after the other on one thread, in an
+order that alternates over the repeats, and the ratio is taken per repeat (so what ran beside
+them weighs on both). Timed from the runs' own records, so the process start and the model build
+stay out: training (the checks included) and the evaluations after each task. The budget changes
+what a run learns, so each run's gain is kept beside its time, and the checks' own seconds too.
+
+Run: ``python benchmarks/budget_overhead.py [--repeats 3] [--methods seq_ft,ewc,kl_sft]``; the
+report goes to ``benchmarks/results/budget_overhead.json`` (rendered into docs/claims.md by
+``budget_claims.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+from run_all import commit, machine  # benchmarks/ is on sys.path
+
+from forgetless.core.storage import atomic_write_json
+
+HERE = Path(__file__).parent
+OUT = HERE / "results" / "budget_overhead.json"
+CONFIG = HERE / "configs" / "claims-budget.yaml"
+TARGET = 1.15
+METHODS = {"seq_ft": {"name": "seq_ft"}, "ewc": {"name": "ewc", "lam": 3.0e4}}
+METHODS["kl_sft"] = {"name": "kl_sft", "beta": 0.1}
+"""The plain arms of the claims campaign: each method at its configured strength."""
+BUDGET = {"max_loss": 0.05}
+
+
+def run_config(method: dict[str, Any], budget: bool) -> dict[str, Any]:
+    """The campaign's run config for ``method``, with the budget at its defaults or none."""
+    cfg = yaml.safe_load(CONFIG.read_text())
+    cfg.pop("bench")
+    cfg["method"] = method
+    return cfg | ({"budget": BUDGET} if budget else {})
+
+
+def timed_run(cfg: dict[str, Any], work: Path) -> dict[str, Any]:
+    """One run in a fresh process on one thread: its time from its own record."""
+    path = work / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    out = work / "out"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "forgetless.cli.app", "run", str(path), "--out", str(out)]
+    subprocess.run([*command, "--quiet"], env=env, check=True, stdout=subprocess.DEVNULL)
+    results = json.loads((out / "results.json").read_text())
+    train = sum(t["train_seconds"] for t in results["per_task"])
+    checks = sum((t.get("budget") or {}).get("seconds", 0.0) for t in results["per_task"])
+    return {
+        "seconds": round(train + sum(results["eval_seconds"]), 2),
+        "train_seconds": round(train, 2),
+        "check_seconds": round(checks, 2),
+        "gain": results["metrics"]["gain"],
+    }
+
+
+def measure(method: str, repeats: int) -> dict[str, Any]:
+    pairs = []
+    for repeat in range(repeats):
+        order = [False, True] if repeat % 2 == 0 else [True, False]
+        pair: dict[str, Any] = {}
+        for budget in order:
+            with tempfile.TemporaryDirectory(prefix="forgetless-budget-") as work:
+                key = "budget" if budget else "plain"
+                pair[key] = timed_run(run_config(METHODS[method], budget), Path(work))
+        pair["ratio"] = round(pair["budget"]["seconds"] / pair["plain"]["seconds"], 4)
+        pairs.append(pair)
+        print(json.dumps({"method": method, "repeat": repeat, "ratio": pair["ratio"]}), flush=True)
+    ratios = [p["ratio"] for p in pairs]
+    return {
+        "median_ratio": statistics.median(ratios),
+        "ratio_range": [min(ratios), max(ratios)],
+        "met": statistics.median(ratios) <= TARGET,
+        "pairs": pairs,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args()
+    report: dict[str, Any] = {
+        "config": str(CONFIG.relative_to(HERE.parent)),
+        "budget": BUDGET,
+        "target": TARGET,
+        "commit": commit(),
+        "machine": machine(1),
+        "methods": {m: measure(m, args.repeats) for m in args.methods.split(",")},
+    }
+    atomic_write_json(args.out, report)
+    print(json.dumps({m: r["median_ratio"] for m, r in report["methods"].items()}))
+
+
+if __name__ == "__main__":
+    main()
