@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from pathlib import Path
@@ -163,6 +164,15 @@ def test_budget_claims_follow_their_rules(tmp_path: Path) -> None:
         runs[("b", s)] = run(0.69 + 0.01 * s, 0.95 if s else 0.85, 12.0, s != 0, checks=3.0)
     row = render_budget(runs, seeds, "c.yaml", spec).splitlines()[2]
     assert "67% kept; **not supported**" in row and "**inferior**" in row and "**not met**" in row
+    # an arm naming a side-by-side measure is judged by it, its in-run figure kept beside
+    spec.write_text(yaml.safe_dump({"configs": {"c.yaml": [arms | {"overhead": "m"}]}}))
+    pairs = [{"ratio": r} for r in (1.12, 1.14, 1.2)]
+    measured = {"m": {"median_ratio": 1.14, "ratio_range": [1.12, 1.2], "pairs": pairs}}
+    side = tmp_path / "side.json"
+    side.write_text(json.dumps({"methods": measured}), encoding="utf-8")
+    row = render_budget(runs, seeds, "c.yaml", spec, side).splitlines()[2]
+    assert "1.14× side by side (3 pairs, 1.12–1.20); in the campaign 1.25× by its checks" in row
+    assert row.endswith("; **met** |")
 
 
 def test_geometry_claims_compare_signals_run_by_run() -> None:
