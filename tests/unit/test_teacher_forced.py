@@ -67,3 +67,24 @@ def test_the_budget_measure_encodes_its_probe_batch_once(monkeypatch: pytest.Mon
         hits = teacher_forced_match(model, tokenizer, probe.eval, cfg.train.max_length)
         score = budget_probe.probe_scorer(tokenizer, probe, cfg.train.max_length)
         assert score(model) == sum(hits) / len(hits)
+
+
+def test_teacher_forced_logprobs_skip_the_prompt_and_keep_every_completion_token() -> None:
+    from forgetless.eval.generation import forced_logprobs, teacher_forced_inputs
+    from forgetless.tasks.formatting import IGNORE_INDEX
+
+    cfg = load_config(None, preset="tiny")
+    model, tokenizer = load_model_and_tokenizer(cfg.model, str(SHIPPED_BASE))
+    task = load_tasks([t for t in cfg.probes if t.display_name == "facts"], cfg)[0]
+    inputs = teacher_forced_inputs(tokenizer, task.eval[:16], cfg.train.max_length)
+    logp, mask = forced_logprobs(model, inputs)
+    with torch.no_grad():
+        full = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"]).logits
+    labels = inputs["labels"][:, 1:]
+    whole = torch.log_softmax(full[:, :-1].float(), dim=-1)
+    assert logp.shape[1] < whole.shape[1]  # the prompt's positions are not scored
+    gold = whole.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)[labels != IGNORE_INDEX]
+    kept = labels[:, -logp.shape[1] :]
+    windowed = logp.gather(-1, kept.clamp(min=0).unsqueeze(-1)).squeeze(-1)[mask]
+    assert int(mask.sum()) == int((labels != IGNORE_INDEX).sum())  # no completion token is lost
+    torch.testing.assert_close(windowed, gold)

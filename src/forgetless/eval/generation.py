@@ -10,7 +10,13 @@ from torch import nn
 
 from forgetless.eval.metrics import token_kl
 from forgetless.tasks.base import Example, Task
-from forgetless.tasks.formatting import IGNORE_INDEX, collate, encode_example, encode_prompt
+from forgetless.tasks.formatting import (
+    IGNORE_INDEX,
+    collate,
+    completion_window,
+    encode_example,
+    encode_prompt,
+)
 
 
 @dataclass
@@ -119,17 +125,24 @@ def forced_logprobs(
 def _teacher_forced(
     model: nn.Module, inputs: dict[str, torch.Tensor]
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The logits of prompt + gold completion in one batch (eval mode), and the labels."""
+    """The logits of prompt + gold completion in one batch (eval mode), and the labels, both
+    over the trailing positions that hold every completion (``completion_window``): the prompt's
+    logits, most of a large vocabulary's output layer, are never computed."""
     device = next(model.parameters()).device
     batch = {k: v.to(device) for k, v in inputs.items()}
     was_training = model.training
     if was_training:
         model.eval()
-    ids, mask = batch["input_ids"], batch["attention_mask"]
-    logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits  # no cache to fill
+    ids, mask, labels = batch["input_ids"], batch["attention_mask"], batch["labels"]
+    logits = model(
+        input_ids=ids,
+        attention_mask=mask,
+        use_cache=False,  # no cache to fill
+        logits_to_keep=completion_window(labels),
+    ).logits
     if was_training:
         model.train()
-    return logits, batch["labels"]
+    return logits, labels[:, -logits.shape[1] :]
 
 
 def kl_drift(
@@ -150,21 +163,16 @@ def gold_loglik(
     answers weigh alike. A continuous retention signal beside accuracy: it moves before an
     answer flips from right to wrong.
     """
-    device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
     per_example: list[torch.Tensor] = []
     for start in range(0, len(examples), batch_size):
         chunk = teacher_forced_inputs(tokenizer, examples[start : start + batch_size], max_length)
-        batch = {k: v.to(device) for k, v in chunk.items()}
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        labels = batch["labels"][:, 1:]
+        logits, labels = _teacher_forced(model, chunk)
+        labels = labels[:, 1:]
         mask = labels != IGNORE_INDEX
         logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
         gold = logp.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
         total = (gold * mask).sum(-1)
         per_example.append((total / mask.sum(-1).clamp(min=1)).cpu())
-    model.train(was_training)
     return float(torch.cat(per_example).mean())
 
 
