@@ -3,11 +3,13 @@
 For each method, the run of ``configs/claims-budget.yaml`` without a budget and the same run with
 ``budget={max_loss: 0.05}`` at the defaults (a check every 5% of a task's steps on a probe batch
 of 128, rollback), side by side: each repeat runs both, one after the other, each in a fresh
-process on one thread, in an order that alternates over the repeats, and the ratio is taken per
-repeat. The time is the process's CPU time (user + system, start-up included): on one thread it
-is the command's wall time on an idle core, and it holds still when other jobs share the cores,
-where wall time does not (the budgeted runs' own wall-clock records are kept beside it, with
-the checks' seconds). The budget changes what a run learns, so each run's gain is kept too.
+process on one thread, in an order that alternates over the repeats. The verdict reads the
+checks' time over the rest of each budgeted run, measured inside it (the checks alternate with
+the steps, so what shares the cores weighs on both alike). Its cross-check is the ratio of the
+two runs' CPU time (user + system, start-up included) per repeat: on one thread that is the
+command's wall time on an idle core, though where the cores are hyperthreads of one another it
+still moves with what runs beside. The budget changes what a run learns, so each run's gain
+and its own wall-clock record are kept too.
 
 Run: ``python benchmarks/budget_overhead.py [--repeats 3] [--methods seq_ft,ewc,kl_sft]``; the
 report goes to ``benchmarks/results/budget_overhead.json`` (rendered into docs/claims.md by
@@ -86,10 +88,15 @@ def measure(method: str, repeats: int) -> dict[str, Any]:
         pairs.append(pair)
         print(json.dumps({"method": method, "repeat": repeat, "ratio": pair["ratio"]}), flush=True)
     ratios = [p["ratio"] for p in pairs]
+    own = [
+        p["budget"]["check_seconds"] / (p["budget"]["wall_seconds"] - p["budget"]["check_seconds"])
+        for p in pairs
+    ]
     return {
+        "check_overhead": 1.0 + statistics.median(own),
         "median_ratio": statistics.median(ratios),
         "ratio_range": [min(ratios), max(ratios)],
-        "met": statistics.median(ratios) <= TARGET,
+        "met": 1.0 + statistics.median(own) <= TARGET,
         "pairs": pairs,
     }
 

@@ -166,12 +166,18 @@ def test_budget_claims_follow_their_rules(tmp_path: Path) -> None:
     assert "67% kept; **not supported**" in row and "**inferior**" in row and "**not met**" in row
     # an arm naming a side-by-side measure is judged by it, its in-run figure kept beside
     spec.write_text(yaml.safe_dump({"configs": {"c.yaml": [arms | {"overhead": "m"}]}}))
-    pairs = [{"ratio": r} for r in (1.12, 1.14, 1.2)]
-    measured = {"m": {"median_ratio": 1.14, "ratio_range": [1.12, 1.2], "pairs": pairs}}
+
+    def pair(ratio: float, checks: float) -> dict:  # the budgeted run: 10 s of it not checks
+        return {"ratio": ratio, "budget": {"check_seconds": checks, "wall_seconds": 10 + checks}}
+
+    pairs = [pair(1.3, 1.0), pair(1.25, 1.4), pair(1.2, 1.6)]
+    measured = {"m": {"median_ratio": 1.25, "ratio_range": [1.2, 1.3], "pairs": pairs}}
     side = tmp_path / "side.json"
     side.write_text(json.dumps({"methods": measured}), encoding="utf-8")
     row = render_budget(runs, seeds, "c.yaml", spec, side).splitlines()[2]
-    assert "1.14× side by side (3 pairs, 1.12–1.20); in the campaign 1.25× by its checks" in row
+    # the median of the runs' own check shares (0.14) judges, not the noisier paired ratio
+    assert "1.14× by its checks at the defaults (3 runs; beside its plain run" in row
+    assert "CPU time 1.25×, 1.20–1.30); in the campaign 1.25× by its checks" in row
     assert row.endswith("; **met** |")
 
 
