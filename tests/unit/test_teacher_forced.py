@@ -4,6 +4,7 @@ for answers exact match accepts in another spelling (a trailing space, then no e
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
@@ -88,3 +89,40 @@ def test_teacher_forced_logprobs_skip_the_prompt_and_keep_every_completion_token
     windowed = logp.gather(-1, kept.clamp(min=0).unsqueeze(-1)).squeeze(-1)[mask]
     assert int(mask.sum()) == int((labels != IGNORE_INDEX).sum())  # no completion token is lost
     torch.testing.assert_close(windowed, gold)
+
+
+def test_the_shared_prefix_stops_where_rows_differ_or_logits_are_asked_for() -> None:
+    from forgetless.eval.generation import shared_prefix
+
+    ids = torch.tensor([[5, 6, 7, 1, 2], [5, 6, 8, 3, 0]])
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]])
+    assert shared_prefix(ids, mask, limit=5) == 2
+    assert shared_prefix(ids, mask, limit=1) == 1  # a row's first predicted token is earlier
+    assert shared_prefix(ids[:, :2], mask[:, :2], limit=2) == 2  # every position alike
+    assert shared_prefix(ids, torch.zeros_like(mask), limit=5) == 0  # padding is never shared
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_rows_continue_a_shared_chat_prefix_with_the_full_forwards_values(
+    tmp_path: Path, arch: str
+) -> None:
+    from forgetless.eval.generation import forced_logprobs, shared_prefix, teacher_forced_inputs
+    from forgetless.tasks.formatting import IGNORE_INDEX
+    from forgetless.testing import save_tiny
+
+    folder = save_tiny(tmp_path / arch, arch=arch, chat=True)
+    cfg = load_config(None, preset="tiny")
+    cfg.model.name_or_path = str(folder)
+    model, tokenizer = load_model_and_tokenizer(cfg.model, str(folder))
+    task = load_tasks([t for t in cfg.probes if t.display_name == "copy"], cfg)[0]
+    inputs = teacher_forced_inputs(tokenizer, task.eval[:8], 64)
+    assert shared_prefix(inputs["input_ids"], inputs["attention_mask"], 64) > 8  # <user>copy:
+    logp, mask = forced_logprobs(model, inputs)
+    with torch.no_grad():
+        full = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"]).logits
+    labels = inputs["labels"][:, 1:]
+    whole = torch.log_softmax(full[:, :-1].float(), dim=-1)
+    gold = whole.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)[labels != IGNORE_INDEX]
+    kept = labels[:, -logp.shape[1] :]
+    cached = logp.gather(-1, kept.clamp(min=0).unsqueeze(-1)).squeeze(-1)[mask]
+    torch.testing.assert_close(cached, gold, atol=1e-4, rtol=1e-4)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -127,22 +128,46 @@ def _teacher_forced(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The logits of prompt + gold completion in one batch (eval mode), and the labels, both
     over the trailing positions that hold every completion (``completion_window``): the prompt's
-    logits, most of a large vocabulary's output layer, are never computed."""
+    logits, most of a large vocabulary's output layer, are never computed. The tokens every row
+    starts with (a task's instruction, a chat template's system turn) run once, for one row,
+    and the rows continue from copies of that key/value cache."""
     device = next(model.parameters()).device
     batch = {k: v.to(device) for k, v in inputs.items()}
     was_training = model.training
     if was_training:
         model.eval()
     ids, mask, labels = batch["input_ids"], batch["attention_mask"], batch["labels"]
-    logits = model(
-        input_ids=ids,
-        attention_mask=mask,
-        use_cache=False,  # no cache to fill
-        logits_to_keep=completion_window(labels),
-    ).logits
+    keep = completion_window(labels)
+    shared = shared_prefix(ids, mask, limit=ids.shape[1] - keep)
+    extra: dict[str, Any] = {"use_cache": False}  # no cache to fill
+    if shared > 0 and ids.shape[0] > 1:
+        prefix = model(input_ids=ids[:1, :shared], attention_mask=mask[:1, :shared], use_cache=True)
+        cache = (
+            prefix.cache if getattr(prefix, "cache", None) is not None else prefix.past_key_values
+        )
+        cache.batch_repeat_interleave(ids.shape[0])
+        extra = {"use_cache": True, cache_keyword(model): cache}
+        ids = ids[:, shared:]
+    logits = model(input_ids=ids, attention_mask=mask, logits_to_keep=keep, **extra).logits
     if was_training:
         model.train()
     return logits, labels[:, -logits.shape[1] :]
+
+
+def shared_prefix(ids: torch.Tensor, mask: torch.Tensor, limit: int) -> int:
+    """How many leading tokens every row of a right-padded batch holds alike, at most
+    ``limit`` (the positions before the first one whose logits are asked for)."""
+    same = (ids == ids[:1]).all(dim=0) & mask.bool().all(dim=0)
+    differs = (~same[:limit]).nonzero()
+    return int(differs[0]) if len(differs) else max(0, min(limit, ids.shape[1]))
+
+
+def cache_keyword(model: nn.Module) -> str:
+    """``cache`` where the model's forward takes it (transformers 5.x), else the older
+    ``past_key_values``."""
+    unwrap = getattr(model, "get_base_model", None)
+    base = unwrap() if callable(unwrap) else model
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
 
 def kl_drift(

@@ -15,7 +15,6 @@ logged with a count and the first offender.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import re
 from collections.abc import Callable, Iterator, Sequence
@@ -41,6 +40,7 @@ from forgetless.config.evaluation import (
 from forgetless.errors import DataError
 from forgetless.eval.generation import (
     EvalResult,
+    cache_keyword,
     evaluate_task,
     generate_completions,
     generate_token_ids,
@@ -317,7 +317,7 @@ def _continuations(
         attention_mask=full_mask,
         position_ids=positions,
         use_cache=True,
-        **{_cache_keyword(model): cache},
+        **{cache_keyword(model): cache},
     ).logits
     logp = torch.log_softmax(logits.float(), dim=-1).cpu()
     return [
@@ -398,14 +398,6 @@ def chance_level(task: Task) -> float:
     if task.scoring is None or task.scoring.kind != "multiple_choice":
         return 0.0
     return sum(1 / len(e.choices or ()) for e in task.eval) / len(task.eval)
-
-
-def _cache_keyword(model: nn.Module) -> str:
-    """``cache`` where the model's forward takes it (transformers 5.x), else the older
-    ``past_key_values``."""
-    unwrap = getattr(model, "get_base_model", None)
-    base = unwrap() if callable(unwrap) else model
-    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
 
 def _long(ids: list[int]) -> torch.Tensor:
