@@ -1,13 +1,15 @@
-"""Teacher-forced measures over the completion window against every position, on SmolLM2-135M.
+"""Teacher-forced measures on a shared prefix and the completion window, against one forward of
+the batch with logits at every position, on SmolLM2-135M.
 
 The case is the real track's KL budget check (``configs/real-budget.yaml``): a probe batch of 32
 held-out examples, the log-softmax of the vocabulary at each completion position. The reference
-asks the model for logits at every position; ``forgetless.eval.generation`` asks only for the
-trailing positions that hold the completions (``logits_to_keep``), so the 49,152-word output layer
-and its log-softmax skip the prompt. Both give the same log-probabilities on the completion
-tokens (the largest gap is reported). The two cases alternate over ``--repeats``; the report has
-the median time of each and the median and spread (min, max) of the ratio. Needs the model
-(``make smollm2``).
+runs the batch in full and asks for logits at every position; ``forgetless.eval.generation``
+runs the tokens every row starts with once (each row continues from a copy of that key/value
+cache) and asks only for the trailing positions that hold the completions (``logits_to_keep``),
+so the 49,152-word output layer and its log-softmax skip the prompt. The largest gap between the
+two on the completion tokens' log-probabilities is reported. The cases alternate over
+``--repeats``; the report has the median time of each and the median and spread (min, max) of
+the ratio. Needs the model (``make smollm2``).
 
     python benchmarks/forced_window.py [--repeats 3]
 """

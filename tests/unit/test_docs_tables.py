@@ -176,8 +176,8 @@ def test_budget_claims_follow_their_rules(tmp_path: Path) -> None:
     side.write_text(json.dumps({"methods": measured}), encoding="utf-8")
     row = render_budget(runs, seeds, "c.yaml", spec, side).splitlines()[2]
     # the median of the runs' own check shares (0.14) judges, not the noisier paired ratio
-    assert "1.14× by its checks at the defaults (3 runs; beside its plain run" in row
-    assert "CPU time 1.25×, 1.20–1.30); in the campaign 1.25× by its checks" in row
+    assert "1.14× by its checks at the defaults (3 runs; CPU time beside its plain run" in row
+    assert "run 1.25×, 1.20–1.30); 1.25× in the campaign's runs; **met** |" in row
     assert row.endswith("; **met** |")
 
 
