@@ -118,11 +118,7 @@ def overhead_cell(
     measured = side_by_side.get(arm.get("overhead", ""))
     if measured is not None:
         pairs = measured["pairs"]
-        own = 1.0 + statistics.median(
-            p["budget"]["check_seconds"]
-            / (p["budget"]["wall_seconds"] - p["budget"]["check_seconds"])
-            for p in pairs
-        )
+        own = check_overhead([p["budget"] for p in pairs])
         ratio, (low, high) = measured["median_ratio"], measured["ratio_range"]
         return (
             f"{own:.2f}× by its checks at the defaults ({len(pairs)} runs; CPU time beside its "
@@ -146,12 +142,20 @@ def run_seconds(run: dict[str, Any]) -> float:
 def _check_share(runs: Runs, arm: str, seeds: list[int]) -> float:
     """The checks' time over the rest of the run's, measured inside each budgeted run (the
     paired ratio also carries the noise of what ran beside each run)."""
-
-    def share(run: dict[str, Any]) -> float:
+    timed = []
+    for s in seeds:
+        run = runs[(arm, s)]
         checks = float((run["metrics"].get("budget") or {}).get("check_seconds") or 0.0)
-        return checks / max(1e-9, run_seconds(run) - checks)
+        timed.append({"check_seconds": checks, "wall_seconds": run_seconds(run)})
+    return check_overhead(timed) - 1.0
 
-    return statistics.median(share(runs[(arm, s)]) for s in seeds)
+
+def check_overhead(runs: list[dict[str, float]]) -> float:
+    """One plus the median over budgeted runs of their checks' time over the rest of their
+    time (``check_seconds`` of ``wall_seconds``), both measured inside each run."""
+    return 1.0 + statistics.median(
+        r["check_seconds"] / max(1e-9, r["wall_seconds"] - r["check_seconds"]) for r in runs
+    )
 
 
 def _median_ratio(

@@ -157,9 +157,9 @@ def _teacher_forced(
 def shared_prefix(ids: torch.Tensor, mask: torch.Tensor, limit: int) -> int:
     """How many leading tokens every row of a right-padded batch holds alike, at most
     ``limit`` (the positions before the first one whose logits are asked for)."""
-    same = (ids == ids[:1]).all(dim=0) & mask.bool().all(dim=0)
-    differs = (~same[:limit]).nonzero()
-    return int(differs[0]) if len(differs) else max(0, min(limit, ids.shape[1]))
+    head = ((ids == ids[:1]).all(dim=0) & mask.bool().all(dim=0))[:limit]
+    differs = (~head).nonzero()
+    return int(differs[0]) if len(differs) else len(head)
 
 
 def cache_keyword(model: nn.Module) -> str:
