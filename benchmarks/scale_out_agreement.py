@@ -8,7 +8,9 @@ checkpoint's tensors (weights or adapters, and method state).
 Run: ``python benchmarks/scale_out_agreement.py [--methods seq_ft,ewc] [--steps 4]``; the table
 goes to ``benchmarks/results/scale_out_agreement.json``. ``--layout fsdp2`` launches the 2 processes
 with ``examples/accelerate/cpu_2proc_fsdp2.yaml`` (each holds half of every weight) and keeps its
-rows under ``fsdp2`` beside the data-parallel ones.
+rows under ``fsdp2`` beside the data-parallel ones; ``--layout zero2`` (and ``zero1``) launches
+them under DeepSpeed with ``examples/accelerate/cpu_2proc_zero2.yaml`` (DeepSpeed installed apart,
+as docs/scale-out.md says; ``DS_ACCELERATOR=cpu`` is set here).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from forgetless.training.pretrain import SHIPPED_BASE
 
 OUT = Path(__file__).parent / "results" / "scale_out_agreement.json"
 FSDP2 = Path(__file__).parents[1] / "examples" / "accelerate" / "cpu_2proc_fsdp2.yaml"
+ZERO = Path(__file__).parents[1] / "examples" / "accelerate" / "cpu_2proc_zero2.yaml"
 METHODS = {
     "seq_ft": ({"name": "seq_ft"}, "full"),
     "low_lr": ({"name": "low_lr"}, "full"),
@@ -45,6 +48,10 @@ METHODS = {
     "mtl": ({"name": "mtl"}, "full"),
     "o_lora": ({"name": "o_lora"}, "lora"),
     "attribution_gate": ({"name": "attribution_gate", "max_samples": 4}, "full"),
+    "attribution_gate-gradient": (
+        {"name": "attribution_gate", "max_samples": 4, "gate": "gradient"},
+        "full",
+    ),
     "anchored": (
         {"name": "anchored", "outer_iterations": 2, "inner_steps": 2, "top_k": 8},
         "full",
@@ -75,12 +82,16 @@ def _model(folder: Path) -> Path:
 
 def _run(config: Path, out: Path, processes: int, layout: str) -> None:
     args = ["run", str(config), "--out", str(out), "--quiet"]
-    mode = ["--config_file", str(FSDP2)] if layout == "fsdp2" else ["--multi_gpu"]
+    mode = {
+        "fsdp2": ["--config_file", str(FSDP2)],
+        "zero1": ["--config_file", str(ZERO), "--zero_stage", "1"],
+        "zero2": ["--config_file", str(ZERO)],
+    }.get(layout, ["--multi_gpu"])
     launch = [Path(sys.executable).with_name("accelerate"), "launch", *mode]
     launch += ["--num_processes", str(processes), "--num_machines", "1"]
     launch += ["--mixed_precision", "no", "--dynamo_backend", "no", "-m", "forgetless"]
     command = launch + args if processes > 1 else [sys.executable, "-m", "forgetless", *args]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
     subprocess.run([str(c) for c in command], check=True, env=env, capture_output=True)
 
 
@@ -116,10 +127,10 @@ def _compare(one: Path, two: Path) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--methods", default=",".join(METHODS), help="rows of METHODS")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--out", type=Path, default=OUT)
-    parser.add_argument("--layout", choices=["ddp", "fsdp2"], default="ddp")
+    parser.add_argument("--layout", choices=["ddp", "fsdp2", "zero1", "zero2"], default="ddp")
     args = parser.parse_args()
     rows = {}
     with tempfile.TemporaryDirectory() as scratch:
@@ -127,7 +138,7 @@ def main() -> None:
         model = _model(root / "model")
         for name in args.methods.split(","):
             method, mode = METHODS[name]
-            regimes = method_class(name).lora_regimes
+            regimes = method_class(method["name"]).lora_regimes
             if args.layout == "fsdp2" and not regimes:  # the full-weight paths, sharded
                 mode = "full"
             lora = {"r": 2, "regime": regimes[0]} if regimes else {"r": 2}
@@ -141,7 +152,7 @@ def main() -> None:
                 "tasks": ["reverse", "cipher"],
                 "probes": ["copy"],
             }
-            if name in SOLVED_FIRST:
+            if method["name"] in SOLVED_FIRST:
                 raw.update(model={"name_or_path": str(SHIPPED_BASE)}, tasks=["copy", "reverse"])
                 raw["probes"] = ["upper"]
             config = root / f"{name}.yaml"
@@ -152,7 +163,7 @@ def main() -> None:
             print(name, rows[name], flush=True)
     report = json.loads(args.out.read_text(encoding="utf-8")) if args.out.is_file() else {}
     report.update(batch_size=8, processes=[1, 2])
-    report.setdefault("methods" if args.layout == "ddp" else "fsdp2", {}).update(rows)
+    report.setdefault("methods" if args.layout == "ddp" else args.layout, {}).update(rows)
     atomic_write_json(args.out, report)
 
 

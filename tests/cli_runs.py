@@ -19,6 +19,8 @@ FSDP_CONFIG = (
     Path(__file__).resolve().parents[1] / "examples" / "accelerate" / "cpu_2proc_fsdp2.yaml"
 )
 """The shipped CPU FSDP2 config: the sharded test runs what a user would launch."""
+ZERO_CONFIG = FSDP_CONFIG.with_name("cpu_2proc_zero2.yaml")
+"""The shipped CPU DeepSpeed ZeRO-2 config (ZeRO-1 by overriding its stage)."""
 
 
 def write_config(folder: Path, raw: dict[str, Any]) -> Path:
@@ -46,12 +48,19 @@ def killed_at(point: str, n: int, config: Path, out: Path) -> None:
 
 
 def two_processes(
-    config: Path, out: Path, fsdp: bool = False, killed_at: tuple[str, int] | None = None
+    config: Path,
+    out: Path,
+    fsdp: bool = False,
+    killed_at: tuple[str, int] | None = None,
+    zero: int | None = None,
 ) -> str:
     """``accelerate launch`` with 2 processes (torchrun underneath; gloo on a CPU machine),
-    data-parallel, or sharded with an FSDP version 2 config (``fsdp``); with ``killed_at``, each
-    process is SIGKILLed at that point (the crash harness) and the launch must fail."""
+    data-parallel, sharded with an FSDP version 2 config (``fsdp``), or under DeepSpeed ZeRO
+    stage ``zero``; with ``killed_at``, each process is SIGKILLed at that point (the crash
+    harness) and the launch must fail."""
     mode = ["--config_file", str(FSDP_CONFIG)] if fsdp else ["--multi_gpu"]
+    if zero is not None:
+        mode = ["--config_file", str(ZERO_CONFIG), "--zero_stage", str(zero)]
     target = ["-m", "forgetless"]
     if killed_at is not None:
         target = [str(HARNESS), killed_at[0], str(killed_at[1])]
@@ -72,7 +81,7 @@ def two_processes(
         *target,
         *run_args(config, out),
     ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
     done = subprocess.run(command, env=env, capture_output=True, text=True)
     assert (done.returncode != 0) == (killed_at is not None), done.stderr[-3000:]
     return done.stdout + done.stderr

@@ -89,32 +89,42 @@ def test_validate_runs_nothing(
 
 
 @pytest.mark.parametrize(
-    ("override", "expected"),
+    ("flag", "override", "expected"),
     [
-        ("method.name=rl", "method 'rl' does not run sharded (FSDP2): it trains through TRL"),
+        ("--fsdp", "method.name=rl", "method 'rl' does not run sharded (FSDP2): it trains through"),
         (
+            "--fsdp",
             "finetune={mode: lora, lora: {regime: merge}}",
             "finetune.lora.regime merge does not run sharded (FSDP2)",
         ),
         (
+            "--fsdp",
             "method={name: attribution_gate, gate: gradient}",
             "method 'attribution_gate' does not run sharded (FSDP2): it scales gradients",
         ),
+        ("--zero", "method.name=rl", "method 'rl' does not run under DeepSpeed ZeRO: it trains"),
+        ("--zero", "budget={max_loss: 0.05}", "budget does not run under DeepSpeed ZeRO"),
+        (
+            "--zero",
+            "train.checkpoint_every=2",
+            "train.checkpoint_every does not run under DeepSpeed ZeRO",
+        ),
     ],
 )
-def test_validate_fsdp_refuses_what_cannot_run_sharded(
+def test_validate_refuses_what_cannot_run_sharded_or_through_zero(
     tmp_path: Path,
     tiny_model_dir: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
+    flag: str,
     override: str,
     expected: str,
 ) -> None:
     config = write_config(tmp_path / "ok.yaml", tiny_run_config(tiny_model_dir))
-    monkeypatch.setattr(sys, "argv", ["forgetless", "validate", str(config), "--fsdp"])
+    monkeypatch.setattr(sys, "argv", ["forgetless", "validate", str(config), flag])
     main()
-    assert "ok:" in capsys.readouterr().out  # seq_ft, full fine-tuning: shardable
-    code, err = invoke(monkeypatch, capsys, "validate", str(config), "--fsdp", "--set", override)
+    assert "ok:" in capsys.readouterr().out  # seq_ft, full fine-tuning: runs either way
+    code, err = invoke(monkeypatch, capsys, "validate", str(config), flag, "--set", override)
     assert code == 2 and expected in err and "\n" not in err, err
 
 

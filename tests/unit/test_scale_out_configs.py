@@ -14,7 +14,7 @@ import torch.multiprocessing as mp
 from accelerate.commands.config.config_args import ClusterConfig
 from safetensors.torch import load_file
 
-from forgetless.core import distributed
+from forgetless.core import distributed, zero
 from forgetless.errors import ConfigError
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "accelerate"
@@ -73,9 +73,11 @@ def test_example_accelerate_configs_fit_the_schema(path: Path) -> None:
     """On this GPU-less machine the GPU configs can only be checked against accelerate's schema."""
     cfg = ClusterConfig.from_yaml_file(str(path))
     kind = str(cfg.distributed_type).rsplit(".", 1)[-1]
-    assert kind in ("MULTI_GPU", "FSDP")
-    if kind == "FSDP":  # the only sharded form forgetless runs
+    assert kind in ("MULTI_GPU", "FSDP", "DEEPSPEED")
+    if kind == "FSDP":  # the only form of FSDP forgetless runs
         assert cfg.fsdp_config["fsdp_version"] == 2
+    if kind == "DEEPSPEED":  # ZeRO-3 splits the weights: refused
+        assert cfg.deepspeed_config["zero_stage"] in (1, 2)
     assert cfg.num_processes >= 2
     assert cfg.num_processes % cfg.num_machines == 0
 
@@ -96,24 +98,74 @@ def test_an_unsupported_sharded_launch_is_refused_in_one_line(
 
 
 @pytest.mark.parametrize(
-    ("flag", "kind"), [("ACCELERATE_USE_FSDP", "FSDP"), ("ACCELERATE_USE_DEEPSPEED", "DEEPSPEED")]
+    ("stage", "installed", "why"),
+    [
+        ("3", True, "ZeRO-3 is not supported: it splits the weights"),
+        ("2", False, "needs deepspeed, which is not installed"),
+        ("1", False, "needs deepspeed, which is not installed"),
+    ],
 )
-def test_a_sharded_launch_is_read_from_accelerates_flags(
-    monkeypatch: Any, flag: str, kind: str
+def test_a_deepspeed_launch_it_cannot_run_is_refused_in_one_line(
+    monkeypatch: Any, stage: str, installed: bool, why: str
 ) -> None:
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", stage)
+    monkeypatch.setattr(zero.importlib.util, "find_spec", lambda name: installed or None)
+    with pytest.raises(ConfigError, match=why) as err:
+        distributed.start()
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("stage", ["1", "2"])
+def test_a_zero_launch_goes_through_deepspeed(monkeypatch: Any, stage: str) -> None:
+    """ZeRO-1/2 start accelerate's state on DeepSpeed's side (cpu=False: DS_ACCELERATOR picks
+    its CPU backend), and the layout names the stage."""
+    calls: list[dict[str, Any]] = []
+    fake = SimpleNamespace(distributed_type="DistributedType.DEEPSPEED", device="cpu")
+    monkeypatch.setattr(distributed, "PartialState", lambda **kw: calls.append(kw) or fake)
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", stage)
+    monkeypatch.setattr(zero.importlib.util, "find_spec", lambda name: True)
+    assert distributed.start() is fake and calls == [{"cpu": False}]
+    monkeypatch.setattr(distributed, "world_size", lambda: 2)
+    assert distributed.layout() == f"zero{stage}"
+
+
+def test_the_engine_gets_the_loops_batch_and_clipping() -> None:
+    assert zero.ds_settings(8, 2, 1.0) == {
+        "train_micro_batch_size_per_gpu": 4,
+        "gradient_accumulation_steps": 1,
+        "train_batch_size": 8,
+        "gradient_clipping": 1.0,
+    }
+    assert zero.ds_settings(5, 2, None)["train_micro_batch_size_per_gpu"] == 3
+    assert zero.ds_settings(8, 2, None)["gradient_clipping"] == 0.0  # DeepSpeed's "none"
+
+
+def test_what_cannot_go_through_the_zero_engine_is_named() -> None:
+    from forgetless.core import registry
+
+    assert registry.zero_rule_broken(registry.lookup("seq_ft"), False, None) is None
+    assert "TRL" in (registry.zero_rule_broken(registry.lookup("rl"), False, None) or "")
+    budget = registry.zero_rule_broken(registry.lookup("seq_ft"), True, None) or ""
+    assert budget.startswith("budget does not run under DeepSpeed ZeRO")
+    steps = registry.zero_rule_broken(registry.lookup("ewc"), False, 10) or ""
+    assert steps.startswith("train.checkpoint_every does not run under DeepSpeed ZeRO")
+
+
+def test_a_sharded_launch_is_read_from_accelerates_flags(monkeypatch: Any) -> None:
     """PartialState says MULTI_CPU under `accelerate launch --use_fsdp` on CPU: the launch's own
-    flags decide (FSDP version 2 runs sharded, the rest is refused), never a silently
-    replicated run."""
+    flags decide (FSDP version 2 runs sharded, version 1 is refused), never a silently
+    replicated run. (DeepSpeed's flag is read the same way, by the tests above.)"""
     fake = SimpleNamespace(distributed_type="DistributedType.MULTI_CPU", device=torch.device("cpu"))
     monkeypatch.setattr(distributed, "PartialState", lambda **_: fake)
-    monkeypatch.setenv(flag, "true")
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     monkeypatch.setenv("FSDP_VERSION", "1")
-    with pytest.raises(ConfigError, match=rf"distributed_type {kind}: "):
+    with pytest.raises(ConfigError, match=r"distributed_type FSDP: "):
         distributed.start()
     monkeypatch.setenv("FSDP_VERSION", "2")
-    if kind == "FSDP":
-        assert distributed.start() is fake  # sharded by the runner
-    monkeypatch.setenv(flag, "false")
+    assert distributed.start() is fake  # sharded by the runner
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "false")
     assert distributed.start() is fake
 
 

@@ -72,6 +72,10 @@ def validate(
             "--fsdp", help="Also check that the run can be sharded (an FSDP version 2 launch)."
         ),
     ] = False,
+    zero: Annotated[
+        bool,
+        typer.Option("--zero", help="Also check that the run can go through DeepSpeed ZeRO-1/2."),
+    ] = False,
 ) -> None:
     """Check a config (and its bench variants) without running anything (exit 2 on error)."""
     import copy
@@ -88,10 +92,11 @@ def validate(
     cfg = validate_config(data, source)
     _check_builtin_names(cfg, source)
     planned = plan_runs(data, section.variants, 1, 1, Path("."))
-    if fsdp:
-        _check_shardable(cfg, source)
+    checks = ([_check_shardable] if fsdp else []) + ([_check_zero] if zero else [])
+    for check in checks:
+        check(cfg, source)
         for variant, _, run_cfg in planned:
-            _check_shardable(run_cfg, f"{source}, variant {variant.name}")
+            check(run_cfg, f"{source}, variant {variant.name}")
     names = ", ".join(t.display_name for t in cfg.tasks)
     extra = f"; {len(planned)} bench variants ok" if planned else ""
     console.print(
@@ -108,6 +113,16 @@ def _check_shardable(cfg: Any, source: str) -> None:
     broken = registry.sharding_rule_broken(
         method, cfg.finetune.mode, cfg.method, cfg.finetune.lora.regime
     )
+    if broken:
+        raise ConfigError(f"{source}: {broken}")
+
+
+def _check_zero(cfg: Any, source: str) -> None:
+    from forgetless.core import registry
+    from forgetless.errors import ConfigError
+
+    method = registry.lookup(cfg.method.name)
+    broken = registry.zero_rule_broken(method, cfg.budget is not None, cfg.train.checkpoint_every)
     if broken:
         raise ConfigError(f"{source}: {broken}")
 

@@ -177,6 +177,10 @@ class Method(Generic[ConfigT]):
     """Why the method cannot run on a sharded model (FSDP2), or None when it can. Checked by
     :func:`sharding_rule_broken`, at ``validate --fsdp`` and when a sharded run starts."""
 
+    unzeroed: ClassVar[str | None] = None
+    """Why the method cannot train through DeepSpeed's ZeRO-1/2 engine, or None when it can
+    (every process holds whole weights there). Checked by :func:`zero_rule_broken`."""
+
     @classmethod
     def unsharded_with(cls, config: MethodConfig) -> str | None:
         """Why the method, configured so, cannot run sharded: ``unsharded`` unless an option of

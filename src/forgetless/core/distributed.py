@@ -10,7 +10,9 @@ gradient is the gradient of the global token mean: 2 processes × batch b/2 take
 1 process × batch b takes, to float tolerance. Parameter-only terms (EWC, O-LoRA) are the same
 everywhere and their shares add up to 1. Only the main process writes files. Under an FSDP2
 launch the runner shards the model instead (``forgetless.core.sharding``) and FSDP
-reduce-scatters the gradients; the loss scaling is the same.
+reduce-scatters the gradients; the loss scaling is the same. Under a DeepSpeed ZeRO-1/2 launch
+the loop trains through the engine accelerate prepares (``forgetless.core.zero``), which reduces
+the gradients and steps the optimizer; the loss scaling is again the same.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import torch.distributed as dist
 from accelerate import PartialState
 from torch import nn
 
+from forgetless.core import zero
 from forgetless.core.sharding import fsdp_launch, is_sharded, truthy
 from forgetless.errors import ConfigError
 
@@ -98,6 +101,9 @@ def start() -> PartialState:
     On a machine without a GPU, accelerate is told so (``cpu=True``): otherwise it sees no
     device, reports no distributed setting and would leave the model unwrapped.
     """
+    if zero.launched():  # ZeRO-1/2: the loop trains through accelerate's DeepSpeed engine
+        zero.check_launch(zero.stage())
+        return PartialState(cpu=False)  # DS_ACCELERATOR=cpu picks DeepSpeed's CPU backend
     state = PartialState(cpu=not torch.cuda.is_available())
     kind = str(state.distributed_type).rsplit(".", 1)[-1]
     flagged = [v for k, v in SHARDED_LAUNCH_FLAGS.items() if truthy(os.environ.get(k, ""))]
@@ -114,8 +120,11 @@ def start() -> PartialState:
 
 
 def layout() -> str:
-    """How the processes split the training: ``single``, ``ddp`` or ``fsdp2``."""
-    return "fsdp2" if sharded() else "ddp" if world_size() > 1 else "single"
+    """How the processes split the training: ``single``, ``ddp``, ``fsdp2``, ``zero1`` or
+    ``zero2`` (DeepSpeed)."""
+    if world_size() == 1:
+        return "single"
+    return "fsdp2" if sharded() else f"zero{zero.stage()}" if zero.launched() else "ddp"
 
 
 def sharded() -> bool:
@@ -191,9 +200,25 @@ def _training_accelerator() -> Any:
             find_unused_parameters=True, broadcast_buffers=False
         )
         _accelerator = Accelerator(
-            cpu=not torch.cuda.is_available(), mixed_precision="no", kwargs_handlers=[handler]
+            cpu=not torch.cuda.is_available() and not zero.launched(),
+            mixed_precision="no",
+            kwargs_handlers=[handler],
         )
     return _accelerator
+
+
+@contextmanager
+def zero_engine(
+    model: nn.Module, optimizer: torch.optim.Optimizer, batch_size: int, max_grad_norm: float | None
+) -> Iterator[zero.ZeroEngine | None]:
+    """The DeepSpeed engine one training loop goes through under a ZeRO-1/2 launch of more
+    than one process, else None (the loop steps its optimizer itself)."""
+    if world_size() == 1 or not zero.launched():
+        yield None
+        return
+    settings = zero.ds_settings(batch_size, world_size(), max_grad_norm)
+    with zero.engine_for(_training_accelerator(), model, optimizer, settings) as engine:
+        yield engine
 
 
 @contextmanager
@@ -202,8 +227,8 @@ def for_training(model: nn.Module) -> Iterator[nn.Module]:
     several processes (DistributedDataParallel, which reduces the gradients), ``model`` itself
     for one. Hooks, snapshots and checkpoints keep using ``model``; a backward pass that did not
     start from the wrapper's forward (a Fisher, a relevance map) stays local."""
-    if world_size() == 1 or is_sharded(model):  # FSDP2 reduce-scatters the gradients itself
-        yield model
+    if world_size() == 1 or is_sharded(model) or zero.launched():
+        yield model  # FSDP2 reduce-scatters the gradients itself, DeepSpeed's engine reduces them
         return
     accelerator = _training_accelerator()
     wrapped = accelerator.prepare_model(model, device_placement=False)

@@ -92,3 +92,25 @@ def sharding_rule_broken(
             "before the split), mode full, or a data-parallel launch"
         )
     return None
+
+
+def zero_rule_broken(method: Any, budget: bool, checkpoint_every: int | None) -> str | None:
+    """What stops ``method`` (under a forgetting budget or with step checkpoints, when set)
+    from training through DeepSpeed's ZeRO-1/2 engine, or None."""
+    why = getattr(method, "unzeroed", None)
+    if why:
+        return (
+            f"method {getattr(method, 'name', '?')!r} does not run under DeepSpeed ZeRO: it {why}"
+        )
+    split = "which the engine splits over the processes; use a data-parallel or FSDP2 launch"
+    if budget:
+        return (
+            "budget does not run under DeepSpeed ZeRO: a rollback restores the optimizer's "
+            f"state, {split}"
+        )
+    if checkpoint_every is not None:
+        return (
+            "train.checkpoint_every does not run under DeepSpeed ZeRO: a step checkpoint saves "
+            f"the optimizer's state, {split} (the checkpoint after each task needs none)"
+        )
+    return None

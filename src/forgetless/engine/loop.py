@@ -17,6 +17,7 @@ from transformers import get_scheduler
 from forgetless.contract.method import Batch, Capability, LossFn, Method, StepContext, TaskContext
 from forgetless.contract.plan import TrainPlan, TrainStats
 from forgetless.core import distributed, sharding
+from forgetless.core.zero import ZeroEngine
 from forgetless.engine.budget import BudgetMonitor
 from forgetless.engine.progress import Progress
 from forgetless.engine.resources import peak_memory_mb
@@ -120,6 +121,8 @@ class StepLoop:
     """Holds a forgetting budget: checks it between steps and steers the method's knob."""
     _trained: nn.Module | None = field(default=None, init=False, repr=False)
     """The module the training forward goes through (``distributed.for_training``)."""
+    _zero: ZeroEngine | None = field(default=None, init=False, repr=False)
+    """The DeepSpeed engine that reduces and steps under a ZeRO-1/2 launch, else None."""
     """Writes step checkpoints and resumes from the last one (None: no step checkpoints)."""
 
     def run(
@@ -145,9 +148,13 @@ class StepLoop:
         start = time.perf_counter() - done.seconds
         restarts = plan.restart_steps()
         with (
-            distributed.for_training(self.model) as self._trained,
+            distributed.zero_engine(
+                self.model, optimizer, plan.batch_size, plan.max_grad_norm
+            ) as self._zero,
+            distributed.for_training(self.model) as trained,
             self._bar(label, plan.steps, done.step) as advance,
         ):
+            self._trained = self._zero.module if self._zero is not None else trained
             for step in range(done.step, plan.steps):
                 if step in restarts:
                     optimizer.state.clear()  # a fresh AdamW: moments and step count at zero
@@ -234,27 +241,54 @@ class StepLoop:
             batch = {k: v.to(self.ctx.device) for k, v in collate(feats, self.pad_id).items()}
             sctx.batch_share, global_tokens = self._share(batch)
             last = micro == plan.grad_accum - 1
-            with distributed.no_gradient_sync(self._trained or self.model, skip=not last):
-                total, terms, bad = self._loss(batch, sctx, loss_fn)
-                scaled = distributed.scale_for_reduction(total / plan.grad_accum, sctx.batch_share)
-                scaled.backward()  # even when non-finite: the wrapper's reduction must complete
+            terms, bad = self._backward(batch, sctx, loss_fn, plan.grad_accum, last)
             if bad is not None:
                 raise NonFiniteError(self.ctx.task.name, sctx.step, *bad)
             tokens += global_tokens
             for name, value in terms.items():
                 total_value += value / plan.grad_accum
                 logged[name] = logged.get(name, 0.0) + value / plan.grad_accum
-        params = self._trainable()
-        limit = plan.max_grad_norm if plan.max_grad_norm is not None else math.inf
-        norm = nn.utils.clip_grad_norm_(params, limit)
-        if not math.isfinite(float(norm)):
-            raise NonFiniteError(self.ctx.task.name, sctx.step, "grad_norm", float(norm))
         pre_step = self._snapshot() if self.method.uses(Capability.UPDATE_GATE) else None
-        optimizer.step()
+        norm = self._optimizer_step(optimizer, plan)
+        if not math.isfinite(norm):
+            raise NonFiniteError(self.ctx.task.name, sctx.step, "grad_norm", norm)
         if pre_step is not None:
             with torch.no_grad():
                 self.method.gate_update(self.model, pre_step, sctx)
+            if self._zero is not None:
+                self._zero.weights_written()
         return total_value, logged, tokens
+
+    def _backward(
+        self, batch: Batch, sctx: StepContext, loss_fn: LossFn | None, accum: int, last: bool
+    ) -> tuple[dict[str, float], tuple[str, float] | None]:
+        """One micro-batch's forward and backward; its terms and first non-finite one."""
+        if self._zero is None:
+            with distributed.no_gradient_sync(self._trained or self.model, skip=not last):
+                total, terms, bad = self._loss(batch, sctx, loss_fn)
+                scaled = distributed.scale_for_reduction(total / accum, sctx.batch_share)
+                scaled.backward()  # even when non-finite: the wrapper's reduction must end
+            return terms, bad
+        total, terms, bad = self._loss(batch, sctx, loss_fn)
+        scaled = distributed.scale_for_reduction(total / accum, sctx.batch_share)
+        if bad is not None:
+            # every process sees the same bad term: all step now on NaN gradients, which the
+            # engine skips, clearing the gradients it has reduced so far
+            scaled = scaled * math.nan
+        self._zero.backward(scaled, last=last or bad is not None)
+        if bad is not None:
+            self._zero.step()
+        return terms, bad
+
+    def _optimizer_step(self, optimizer: torch.optim.Optimizer, plan: TrainPlan) -> float:
+        """Clip and step (the engine does both under ZeRO); the gradient norm before clipping."""
+        if self._zero is not None:
+            return self._zero.step()
+        limit = plan.max_grad_norm if plan.max_grad_norm is not None else math.inf
+        norm = float(nn.utils.clip_grad_norm_(self._trainable(), limit))
+        if math.isfinite(norm):
+            optimizer.step()
+        return norm
 
     def _share(self, batch: Batch) -> tuple[float, int]:
         """This process's share of the micro-batch's labelled tokens, and all processes' tokens."""

@@ -187,6 +187,8 @@ class RL(Method[RLConfig]):
         "preparation (GPU-family devices only), not on a model forgetless has already split"
     )
 
+    unzeroed = "trains through TRL's GRPOTrainer, which prepares its own engine from the launch"
+
     def __init__(self, config: RLConfig) -> None:
         super().__init__(config)
 

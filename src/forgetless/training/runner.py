@@ -152,6 +152,8 @@ class Runner:
         if distributed.sharded():
             self._attach_adapter()
             self._shard(model)
+        if distributed.layout().startswith("zero"):
+            self._check_zero()
         self.encoded = self._encode_remaining(results)
         self.base_logprobs = self._probe_logprobs(model) if cfg.eval.kl_drift and probes else None
         self.prose = self._prose_base(model) if cfg.eval.prose else None
@@ -194,6 +196,15 @@ class Runner:
             f"FSDP2: the model is sharded over {distributed.world_size()} processes",
             highlight=False,
         )
+
+    def _check_zero(self) -> None:
+        """Refuse what cannot train through DeepSpeed's ZeRO-1/2 engine, before any training."""
+        cfg = self.cfg
+        broken = registry.zero_rule_broken(
+            type(self.active), cfg.budget is not None, cfg.train.checkpoint_every
+        )
+        if broken:
+            raise ConfigError(broken)
 
     def _base_row(self, results: Results) -> None:
         """Row 0: from the cache when ``eval.cache_base_row`` holds it, else evaluated (and
