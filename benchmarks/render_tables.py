@@ -68,6 +68,8 @@ GEOMETRY = re.compile(r"(<!-- geometry-claims: (\S+) -->\n)(.*?)(<!-- /geometry-
 CIRCUITS = re.compile(r"(<!-- circuits-claims: (\S+) -->\n)(.*?)(<!-- /circuits-claims -->)", re.S)
 GATES = re.compile(r"(<!-- gcwm-gates: (\S+) -->\n)(.*?)(<!-- /gcwm-gates -->)", re.S)
 BUDGET = re.compile(r"(<!-- budget-claims: (\S+) -->\n)(.*?)(<!-- /budget-claims -->)", re.S)
+ZERO_MEMORY = re.compile(r"(<!-- zero-memory: (\S+) -->\n)(.*?)(<!-- /zero-memory -->)", re.S)
+"""``zero_memory.py``'s count of the optimizer's tensors per process, one line per layout."""
 AGREEMENT = re.compile(r"(<!-- agreement-table: (\S+) -->\n)(.*?)(<!-- /agreement-table -->)", re.S)
 """Rows of benchmarks/results/scale_out_agreement.json under one layout key (``zero2``, ...)."""
 CAMPAIGN_COLUMNS = [
@@ -286,6 +288,24 @@ def render_agreement(layout: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_zero_memory(name: str) -> str:
+    report = json.loads((RESULTS / name).read_text(encoding="utf-8"))
+    n = report["trainable"]
+    rows = [("1 process", [report["single"]])]
+    rows += [(f"ZeRO-{k[-1]}, 2 processes", report[k]) for k in ("zero1", "zero2")]
+    lines = [
+        "| layout | AdamW moments per process | float32 master copy per process "
+        "| in trainable weights |",
+        "|---|---|---|---|",
+    ]
+    for label, procs in rows:
+        moments = " / ".join(f"{r['moments']:,}" for r in procs)
+        master = " / ".join(f"{r['master']:,}" for r in procs)
+        held = max(r["moments"] + r["master"] for r in procs) / n
+        lines.append(f"| {label} | {moments} | {master} | {held:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
 def render_tasks(name: str) -> str:
     if not (RESULTS / name).is_file():
         return f"Not measured yet: `benchmarks/results/{name}` is not there.\n"
@@ -346,7 +366,10 @@ def rewrite(text: str) -> str:
     def agreement(match: re.Match[str]) -> str:
         return match.group(1) + render_agreement(match.group(2)) + match.group(4)
 
-    text = AGREEMENT.sub(agreement, text)
+    def zero_memory(match: re.Match[str]) -> str:
+        return match.group(1) + render_zero_memory(match.group(2)) + match.group(4)
+
+    text = ZERO_MEMORY.sub(zero_memory, AGREEMENT.sub(agreement, text))
     return MEMORY_CHECK.sub(checked, BUDGET.sub(budget, text))
 
 
