@@ -32,7 +32,7 @@ from typing import Any
 
 import yaml
 
-from forgetless.bench.stats import mean_interval
+from forgetless.bench.stats import MIN_SEEDS, mean_interval
 from forgetless.eval.metrics import probe_retention
 
 SPEC = Path(__file__).parent / "budget_claims.yaml"
@@ -96,7 +96,7 @@ def arm_row(
         ]
         found = mean_interval(diffs)
         assert found is not None
-        if found.n < 2:
+        if found.n < MIN_SEEDS:
             verdict = "exploratory"
         elif found.low > MARGIN:
             verdict = "non-inferior"

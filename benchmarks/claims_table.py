@@ -11,7 +11,8 @@ seed by seed, the metric, and the direction the claim predicts. A document holds
 which ``render_tables.py`` rewrites with one row per claim of that section: the arm's and the
 control's means with 95% intervals, the paired difference with its interval, the seeds, and the
 verdict by ``forgetless.bench.stats.paired_verdict`` (supported or refuted only where the
-interval excludes zero; one seed: exploratory; both arms at floor or ceiling: not testable).
+interval excludes zero; fewer than three seeds: exploratory; both arms at floor or ceiling: not
+testable).
 """
 
 from __future__ import annotations

@@ -28,11 +28,12 @@ def test_mean_interval_matches_student_t() -> None:
     assert mean_interval([]) is None
 
 
-def test_separated_needs_two_runs_and_no_overlap() -> None:
+def test_separated_needs_three_runs_and_no_overlap() -> None:
     a, b = mean_interval([0.1, 0.11, 0.12]), mean_interval([0.5, 0.52, 0.51])
     assert separated(a, b)
-    assert not separated(a, mean_interval([0.1, 0.6]))
+    assert not separated(a, mean_interval([0.1, 0.6, 0.35]))
     assert not separated(mean_interval([0.1]), b)
+    assert not separated(mean_interval([0.1, 0.1001]), b)  # apart, but two runs decide nothing
 
 
 def test_variant_syntax() -> None:

@@ -15,6 +15,7 @@ from forgetless.bench.stats import at_bound, paired_verdict
         ([-0.10, -0.12, -0.11], -1, "supported"),
         ([0.20, -0.05, 0.10], 1, "inconclusive"),  # the mean is positive, the interval holds 0
         ([0.30], 1, "exploratory"),
+        ([0.20, 0.21], 1, "exploratory"),  # two seeds exclude zero here, but a verdict needs 3
         ([], 1, "not measured"),
     ],
 )

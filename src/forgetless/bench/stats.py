@@ -74,9 +74,13 @@ def mean_interval(values: Sequence[float]) -> Interval | None:
     return Interval(mean, mean - half, mean + half, len(clean))
 
 
+MIN_SEEDS = 3
+"""The fewest seeds a verdict rests on: below it, a difference is exploratory."""
+
+
 def separated(a: Interval | None, b: Interval | None) -> bool:
-    """True when both intervals rest on ≥2 runs and do not overlap."""
-    if a is None or b is None or a.n < 2 or b.n < 2:
+    """True when both intervals rest on at least ``MIN_SEEDS`` runs and do not overlap."""
+    if a is None or b is None or a.n < MIN_SEEDS or b.n < MIN_SEEDS:
         return False
     return a.high < b.low or b.high < a.low
 
@@ -86,15 +90,16 @@ def paired_verdict(diffs: Sequence[float], expected: int = 1, untestable: bool =
 
     ``expected`` is the sign the claim predicts. "supported" or "refuted" only where the 95%
     interval of the differences excludes zero (in the predicted direction, or against it);
-    "inconclusive" where it holds zero; "exploratory" on one seed; "not testable here" when the
-    test bed cannot show the effect (both arms at floor or ceiling, ``untestable``).
+    "inconclusive" where it holds zero; "exploratory" on fewer than ``MIN_SEEDS`` seeds; "not
+    testable here" when the test bed cannot show the effect (both arms at floor or ceiling,
+    ``untestable``).
     """
     if untestable:
         return "not testable here"
     found = mean_interval(diffs)
     if found is None:
         return "not measured"
-    if found.n < 2:
+    if found.n < MIN_SEEDS:
         return "exploratory"
     if found.low > 0 or found.high < 0:
         return "supported" if (found.low > 0) == (expected > 0) else "refuted"
