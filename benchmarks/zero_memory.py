@@ -24,7 +24,7 @@ import torch.multiprocessing as mp
 from run_all import commit, machine  # benchmarks/ is on sys.path
 
 from forgetless.config.schema import TinyModelConfig
-from forgetless.core import distributed
+from forgetless.core import distributed, zero
 from forgetless.core.storage import atomic_write_json
 from forgetless.models.tiny import build_char_tokenizer, build_tiny_model
 
@@ -51,16 +51,7 @@ def _moments(optimizer: torch.optim.Optimizer) -> int:
 
 
 def _worker(rank: int, stage: int, port: int, out: str) -> None:
-    os.environ.update(
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE="2",
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        ACCELERATE_USE_DEEPSPEED="true",
-        ACCELERATE_DEEPSPEED_ZERO_STAGE=str(stage),
-        DS_ACCELERATOR="cpu",
-    )
+    os.environ.update(zero.launch_env(rank, 2, port, stage))
     distributed.start()
     model, optimizer = _model_and_optimizer()
     with distributed.zero_engine(model, optimizer, 8, 1.0) as engine:

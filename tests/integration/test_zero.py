@@ -18,24 +18,14 @@ from rich.console import Console
 from test_nonfinite import NaNAt, _weights
 
 from forgetless.config.loading import validate_config
-from forgetless.core import distributed
+from forgetless.core import distributed, zero
 from forgetless.training.runner import Runner
 
 pytestmark = pytest.mark.slow
 
 
 def _worker(rank: int, model_dir: str, out: str, port: int, grad: bool) -> None:
-    os.environ.update(
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE="2",
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        ACCELERATE_USE_DEEPSPEED="true",
-        ACCELERATE_DEEPSPEED_ZERO_STAGE="2",
-        DS_ACCELERATOR="cpu",
-        OMP_NUM_THREADS="1",
-    )
+    os.environ.update(zero.launch_env(rank, 2, port, stage=2), OMP_NUM_THREADS="1")
     distributed.start()
     train = {"steps": 3, "batch_size": 8, "lr": 1e-2, "max_length": 32, "on_nonfinite": "skip"}
     cfg = validate_config(tiny_run_config(Path(model_dir), train=train, probes=[]))

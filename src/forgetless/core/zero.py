@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from forgetless.core.sharding import truthy
 from forgetless.errors import ConfigError
 
 SUPPORTED_STAGES = (1, 2)
@@ -35,7 +36,22 @@ SUPPORTED_STAGES = (1, 2)
 
 def launched() -> bool:
     """Whether ``accelerate launch`` started this process with DeepSpeed."""
-    return os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() in ("1", "true", "yes")
+    return truthy(os.environ.get("ACCELERATE_USE_DEEPSPEED", ""))
+
+
+def launch_env(rank: int, world: int, port: int, stage: int) -> dict[str, str]:
+    """The environment ``accelerate launch --use_deepspeed --zero_stage STAGE`` gives process
+    ``rank`` on one machine (CPU backend): for processes started some other way."""
+    return {
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "WORLD_SIZE": str(world),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "ACCELERATE_USE_DEEPSPEED": "true",
+        "ACCELERATE_DEEPSPEED_ZERO_STAGE": str(stage),
+        "DS_ACCELERATOR": "cpu",
+    }
 
 
 def plugin() -> Any:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -263,14 +264,14 @@ class StepLoop:
         self, batch: Batch, sctx: StepContext, loss_fn: LossFn | None, accum: int, last: bool
     ) -> tuple[dict[str, float], tuple[str, float] | None]:
         """One micro-batch's forward and backward; its terms and first non-finite one."""
-        if self._zero is None:
-            with distributed.no_gradient_sync(self._trained or self.model, skip=not last):
-                total, terms, bad = self._loss(batch, sctx, loss_fn)
-                scaled = distributed.scale_for_reduction(total / accum, sctx.batch_share)
+        wrapped = self._trained or self.model
+        sync = nullcontext() if self._zero else distributed.no_gradient_sync(wrapped, not last)
+        with sync:
+            total, terms, bad = self._loss(batch, sctx, loss_fn)
+            scaled = distributed.scale_for_reduction(total / accum, sctx.batch_share)
+            if self._zero is None:
                 scaled.backward()  # even when non-finite: the wrapper's reduction must end
-            return terms, bad
-        total, terms, bad = self._loss(batch, sctx, loss_fn)
-        scaled = distributed.scale_for_reduction(total / accum, sctx.batch_share)
+                return terms, bad
         if bad is not None:
             # every process sees the same bad term: all step now on NaN gradients, which the
             # engine skips, clearing the gradients it has reduced so far
