@@ -16,6 +16,8 @@ from the runs kept under ``benchmarks/results/<config stem>/cpu/`` (``forgetless
 task's base accuracy and its accuracy after training on it alone.
 A claims table (``<!-- claims-table: SECTION -->`` … ``<!-- /claims-table -->``) renders the
 claims of ``benchmarks/claims.yaml`` in that section with verdicts by rule (``claims_table.py``).
+A scales table (``<!-- scales-table: claims_scales.yaml -->``) sets each paper's headline claims
+at both scales side by side, from the same rows (``claims_scales.py``).
 A memory table (``<!-- memory-table: DEVICES -->`` … ``<!-- /memory-table -->``) renders
 ``memory_model.py``'s bytes per device; a memory check (``<!-- memory-check: FILE -->``) renders
 ``memory_check.py``'s measured tensors beside the model's. ``--check`` exits 1 when a document
@@ -36,6 +38,7 @@ from typing import Any
 import yaml
 from budget_claims import render_budget  # benchmarks/ is on sys.path
 from circuits_claims import render_circuits
+from claims_scales import render_scales
 from claims_table import bench_runs, load_claims, render_section
 from frontier import figure, frontier_rows, render_frontier
 from gcwm_gates import render_gates
@@ -70,6 +73,8 @@ GATES = re.compile(r"(<!-- gcwm-gates: (\S+) -->\n)(.*?)(<!-- /gcwm-gates -->)",
 BUDGET = re.compile(r"(<!-- budget-claims: (\S+) -->\n)(.*?)(<!-- /budget-claims -->)", re.S)
 ZERO_MEMORY = re.compile(r"(<!-- zero-memory: (\S+) -->\n)(.*?)(<!-- /zero-memory -->)", re.S)
 """``zero_memory.py``'s count of the optimizer's tensors per process, one line per layout."""
+SCALES = re.compile(r"(<!-- scales-table: (\S+) -->\n)(.*?)(<!-- /scales-table -->)", re.S)
+"""The papers' claims at both scales side by side (``claims_scales.py``)."""
 AGREEMENT = re.compile(r"(<!-- agreement-table: (\S+) -->\n)(.*?)(<!-- /agreement-table -->)", re.S)
 """Rows of benchmarks/results/scale_out_agreement.json under one layout key (``zero2``, ...)."""
 CAMPAIGN_COLUMNS = [
@@ -369,8 +374,22 @@ def rewrite(text: str) -> str:
     def zero_memory(match: re.Match[str]) -> str:
         return match.group(1) + render_zero_memory(match.group(2)) + match.group(4)
 
-    text = ZERO_MEMORY.sub(zero_memory, AGREEMENT.sub(agreement, text))
+    def scales(match: re.Match[str]) -> str:
+        return match.group(1) + render_scales(match.group(2), render_block) + match.group(4)
+
+    text = SCALES.sub(scales, ZERO_MEMORY.sub(zero_memory, AGREEMENT.sub(agreement, text)))
     return MEMORY_CHECK.sub(checked, BUDGET.sub(budget, text))
+
+
+def render_block(kind: str, key: str) -> str:
+    """The markdown a claims, geometry or circuits block of that key renders."""
+    if kind == "claims-table":
+        return render_section(key, load_claims(), _claim_runs, _metric)
+    if kind == "geometry-claims":
+        return render_geometry(RESULTS / key)
+    if kind == "circuits-claims":
+        return render_circuits(RESULTS / key)
+    raise ValueError(f"claims_scales.yaml: no block kind {kind!r}")
 
 
 def results_section(number: int) -> str:

@@ -98,6 +98,31 @@ def test_claim_texts_do_not_break_their_table() -> None:
         assert "|" not in claim["claim"] + claim["source"], claim["claim"]
 
 
+def test_the_scales_table_quotes_the_rows_it_points_at() -> None:
+    from claims_scales import scale_cell
+
+    table = (
+        "| claim | method | measured | verdict |\n|---|---|---|---|\n"
+        "| A predicts B | `x` | rho: 0.4 ± 0.2 (9 runs); without 0.5 | **refuted** |\n"
+        "| A predicts B | `y` | BWT: y 0.1 vs 0.0; paired 0.1 ± 0.05 (5 seeds) | **supported** |\n"
+        "| C | `y` | gain: `y` n/a vs `z` n/a; paired n/a (0 seeds) | **not measured** |\n"
+    )
+
+    def block(kind: str, key: str) -> str:
+        assert (kind, key) == ("claims-table", "s")
+        return table
+
+    def cell(*lead: str) -> str:
+        return scale_cell({"block": "claims-table", "key": "s", "row": list(lead)}, block, "here")
+
+    assert cell("A predicts B", "`y`") == "**supported**: BWT, paired 0.1 ± 0.05 (5 seeds)"
+    assert cell("A predicts B") == "**refuted**: rho, 0.4 ± 0.2 (9 runs)"
+    assert cell("C") == "**not measured**"
+    assert scale_cell({"missing": "why"}, block, "here") == "not measured: why"
+    with pytest.raises(ValueError, match=r"here: no row starting \['D'\]"):
+        cell("D")
+
+
 def test_the_memory_model_follows_the_zero_accounting() -> None:
     from memory_model import METHODS, per_device_gb
 
