@@ -19,7 +19,7 @@ from typing import Any
 
 from claims_table import interval_cell
 
-from forgetless.bench.stats import paired_verdict
+from forgetless.bench.stats import interval_verdict, paired_verdict
 
 SIGNAL_LABELS = {
     "state_conflict": "state conflict",
@@ -62,6 +62,58 @@ def claim_rows(method: str, data: dict[str, Any]) -> list[str]:
         verdict = paired_verdict(diffs, expected=1)
         rows.append(f"| {claim} | `{method}` | {SOURCE} | {measured} | **{verdict}** |")
     return rows
+
+
+def _num(value: float) -> str:
+    return f"{value:.3f}".replace("-", "−")
+
+
+def _estimate(value: float | None, interval: list[float] | None) -> str:
+    if value is None:
+        return "n/a"
+    if interval is None:
+        return _num(value)
+    return f"{_num(value)}, 95% interval [{_num(interval[0])}, {_num(interval[1])}]"
+
+
+def within_rows(data: dict[str, Any]) -> list[str]:
+    """The rows of a diagnosis's ``within_run`` part: each signal's correlation with the loss
+    inside runs (run and position fixed effects), and state conflict against the others."""
+    within = data["within_run"]
+    methods = sorted({run.split("/")[0] for run in data["runs"]})
+    arms = f"every kept run ({', '.join(f'`{m}`' for m in methods)})"
+    rows = []
+    for signal in PREDICTS:
+        found = within["signals"][signal]
+        label = SIGNAL_LABELS[signal]
+        claim = f"{label[0].upper() + label[1:]} predicts the loss of still-retained tasks"
+        measured = (
+            f"r inside runs, run and position fixed effects: "
+            f"{_estimate(found['r'], found['ci95'])} ({found['points']} points, "
+            f"{found['runs']} runs)"
+        )
+        verdict = interval_verdict(found["ci95"], found["runs"], expected=-1)
+        rows.append(f"| {claim} | {arms} | {SOURCE} | {measured} | **{verdict}** |")
+    for other in BEATS:
+        found = within["state_conflict_minus"][other]
+        claim = f"State conflict predicts it better than {SIGNAL_LABELS[other]}"
+        measured = (
+            f"\\|r state\\| − \\|r {SIGNAL_LABELS[other]}\\| inside runs: "
+            f"{_estimate(found['diff'], found['ci95'])} ({found['runs']} runs)"
+        )
+        verdict = interval_verdict(found["ci95"], found["runs"], expected=1)
+        rows.append(f"| {claim} | {arms} | {SOURCE} | {measured} | **{verdict}** |")
+    return rows
+
+
+def render_geometry_within(path: Path) -> str:
+    """The table of one ``benchmarks/real_geometry.py`` file (not measured while absent)."""
+    lines = ["| claim | runs | source | measured | verdict |", "|---|---|---|---|---|"]
+    if not path.is_file():
+        lines.append(f"| (`{path.name}` not kept yet) | | | | **not measured** |")
+    else:
+        lines.extend(within_rows(json.loads(path.read_text(encoding="utf-8"))))
+    return "\n".join(lines) + "\n"
 
 
 def render_geometry(folder: Path) -> str:

@@ -42,7 +42,7 @@ from claims_scales import render_scales
 from claims_table import bench_runs, load_claims, render_section
 from frontier import figure, frontier_rows, render_frontier
 from gcwm_gates import render_gates
-from geometry_claims import render_geometry
+from geometry_claims import render_geometry, render_geometry_within
 from memory_model import check_table
 from memory_model import table as memory_table
 
@@ -67,6 +67,8 @@ from benchmarks/RESULTS.json: the README's costs are the benchmarks' own, never 
 RESULTS_MD = ROOT / "benchmarks" / "RESULTS.md"
 FRONTIER = re.compile(r"(<!-- frontier-table: (\S+) -->\n)(.*?)(<!-- /frontier-table -->)", re.S)
 FIGURES = ROOT / "docs" / "figures"
+WITHIN = re.compile(r"(<!-- geometry-within: (\S+) -->\n)(.*?)(<!-- /geometry-within -->)", re.S)
+"""Geometry claims from a ``real_geometry.py`` file: correlations inside runs."""
 GEOMETRY = re.compile(r"(<!-- geometry-claims: (\S+) -->\n)(.*?)(<!-- /geometry-claims -->)", re.S)
 CIRCUITS = re.compile(r"(<!-- circuits-claims: (\S+) -->\n)(.*?)(<!-- /circuits-claims -->)", re.S)
 GATES = re.compile(r"(<!-- gcwm-gates: (\S+) -->\n)(.*?)(<!-- /gcwm-gates -->)", re.S)
@@ -356,6 +358,9 @@ def rewrite(text: str) -> str:
     def geometry(match: re.Match[str]) -> str:
         return match.group(1) + render_geometry(RESULTS / match.group(2)) + match.group(4)
 
+    def within(match: re.Match[str]) -> str:
+        return match.group(1) + render_geometry_within(RESULTS / match.group(2)) + match.group(4)
+
     def circuits(match: re.Match[str]) -> str:
         return match.group(1) + render_circuits(RESULTS / match.group(2)) + match.group(4)
 
@@ -364,7 +369,7 @@ def rewrite(text: str) -> str:
         return match.group(1) + render_gates(variants, runs) + match.group(4)
 
     text = CIRCUITS.sub(circuits, GEOMETRY.sub(geometry, FRONTIER.sub(frontier, text)))
-    text = GATES.sub(gates, text)
+    text = WITHIN.sub(within, GATES.sub(gates, text))
     text = TASKS.sub(tasks, CAMPAIGN.sub(campaign, BLOCK.sub(table, text)))
     text = SECTION.sub(section, MEMORY.sub(memory, CLAIMS_BLOCK.sub(claims, text)))
 
@@ -387,6 +392,8 @@ def render_block(kind: str, key: str) -> str:
         return render_section(key, load_claims(), _claim_runs, _metric)
     if kind == "geometry-claims":
         return render_geometry(RESULTS / key)
+    if kind == "geometry-within":
+        return render_geometry_within(RESULTS / key)
     if kind == "circuits-claims":
         return render_circuits(RESULTS / key)
     raise ValueError(f"claims_scales.yaml: no block kind {kind!r}")

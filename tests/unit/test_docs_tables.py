@@ -239,6 +239,36 @@ def test_geometry_claims_compare_signals_run_by_run() -> None:
     assert rows["State conflict predicts it better than SAR"].endswith("**exploratory** |")
 
 
+def test_geometry_inside_runs_takes_its_verdict_from_the_interval() -> None:
+    from geometry_claims import within_rows
+
+    def found(r: float, low: float, high: float, runs: int = 7) -> dict[str, object]:
+        return {"r": r, "ci95": [low, high], "points": 3 * runs, "runs": runs}
+
+    signals = {
+        "state_conflict": found(-0.5, -0.8, -0.2),  # predicts: a larger conflict, a larger loss
+        "update_norm": found(0.5, 0.2, 0.8),  # the other way: refuted
+        "pairwise_conflict": found(-0.1, -0.5, 0.3),
+        "sar": found(-0.6, -0.9, -0.1, runs=2),
+    }
+    data = {
+        "runs": ["ewc/s0", "sae_fd/s1"],
+        "within_run": {
+            "signals": signals,
+            "state_conflict_minus": {
+                other: {"diff": 0.1, "ci95": [0.05, 0.2], "runs": 7}
+                for other in ("update_norm", "pairwise_conflict", "sar")
+            },
+        },
+    }
+    rows = within_rows(data)
+    verdicts = [row.rsplit("**", 2)[-2] for row in rows]
+    assert verdicts[:4] == ["supported", "refuted", "inconclusive", "exploratory"]
+    assert verdicts[4:] == ["supported"] * 3
+    assert "every kept run (`ewc`, `sae_fd`)" in rows[0]
+    assert "−0.500, 95% interval [−0.800, −0.200] (21 points, 7 runs)" in rows[0]
+
+
 def test_circuits_claims_control_retention_by_circuit_size() -> None:
     import circuits_claims
 

@@ -235,6 +235,10 @@ def test_diagnose_geometry_end_to_end(
         assert row["retention_change"] is not None
     assert set(data["correlations"]) >= {"update_norm", "state_conflict", "pairwise_conflict"}
     assert "sar" in data["correlations_loglik"] and "sar" in data["run_level"]
+    within = data["within_run"]
+    assert within["target"] == "retention_change_loglik"
+    assert set(within["signals"]) == set(data["run_level"])
+    assert set(within["state_conflict_minus"]) == {"update_norm", "pairwise_conflict", "sar"}
     assert all(0.0 <= row["sar"] <= 1.0 + 1e-9 for row in rows[1:])
     assert (run_dir / "geometry.png").is_file()
     assert not list(run_dir.glob(".geometry*"))

@@ -106,6 +106,20 @@ def paired_verdict(diffs: Sequence[float], expected: int = 1, untestable: bool =
     return "inconclusive"
 
 
+def interval_verdict(interval: Sequence[float] | None, runs: int, expected: int = 1) -> str:
+    """The house rule for an estimate given with its own 95% interval (a correlation inside
+    runs, say): "supported" or "refuted" only where ``interval`` excludes zero, "inconclusive"
+    where it holds it, "exploratory" on fewer than ``MIN_SEEDS`` runs."""
+    if runs < MIN_SEEDS:
+        return "exploratory"
+    if interval is None:
+        return "not measured"
+    low, high = interval
+    if low > 0 or high < 0:
+        return "supported" if (low > 0) == (expected > 0) else "refuted"
+    return "inconclusive"
+
+
 def at_bound(*arms: Sequence[float], low: float = 0.0, high: float = 1.0) -> bool:
     """True when every arm sits at the floor, or every arm at the ceiling, in every run."""
     values = [v for arm in arms for v in arm]

@@ -401,6 +401,24 @@ def plot_conflict(rows: list[dict[str, Any]], path: Path) -> Path:
     return path
 
 
+CONTRASTS = ("update_norm", "pairwise_conflict", "sar")
+"""The signals state conflict is compared with (does it predict better than each?)."""
+
+
+def within_run_summary(rows: list[dict[str, Any]], target: str) -> dict[str, Any]:
+    """Each signal's correlation with ``target`` inside runs (run and position fixed effects,
+    jackknife interval over runs), and state conflict's |r| against each of ``CONTRASTS``'."""
+    from forgetless.diagnostics.within_run import contrast, within_run
+
+    return {
+        "target": target,
+        "signals": within_run(rows, SIGNALS, target),
+        "state_conflict_minus": {
+            other: contrast(rows, "state_conflict", other, target) for other in CONTRASTS
+        },
+    }
+
+
 def diagnose_runs(run_dirs: list[Path], out: Path | None = None, rank: int = 64) -> dict[str, Any]:
     """Rows of every run and pooled correlations, written to ``out`` (default: first run)."""
     from forgetless.core.storage import atomic_write_json
@@ -420,6 +438,7 @@ def diagnose_runs(run_dirs: list[Path], out: Path | None = None, rank: int = 64)
         "run_level_position_controlled": run_level(
             position_residuals(rows, "retention_change_loglik"), "retention_change_loglik"
         ),
+        "within_run": within_run_summary(rows, "retention_change_loglik"),
         "plot": str(target.with_suffix(".png")),
     }
     plot_conflict(rows, target.with_suffix(".png"))
