@@ -7,8 +7,9 @@ RUN_DIR is a finished `--preset smollm2` run (e.g. a campaign run's folder). The
 control); ``export`` of the last task's model, then ``diagnose circuits`` of the base and that
 model on the question set's free answers (all 270 heads, first-order effects); ``sae train
 --preset smollm2 --steps 1500 --expansion 4`` into a scratch folder. Writes
-``benchmarks/results/real_diagnostics.json`` (seconds, the command, its output's summary, the
-commit and the machine); a re-run skips the commands already in it for the same run.
+``benchmarks/results/real_diagnostics.json`` (seconds, the command, its output's summary, and
+the commit and machine of each command); a re-run skips the commands already in it for the same
+run.
 """
 
 from __future__ import annotations
@@ -101,8 +102,8 @@ def main() -> None:
                 "output_tail": tail,
                 "commit": commit(),
                 "load_before": round(load, 2),
+                "machine": machine(threads),  # each command's own: re-runs may be elsewhere
             }
-            report.update(commit=commit(), machine=machine(threads))
             atomic_write_json(args.out, report)
             print(f"{name}: {seconds:.1f} s", flush=True)
             shutil.rmtree(scratch / "after-last", ignore_errors=True)
