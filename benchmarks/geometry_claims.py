@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from claims_table import interval_cell
+from claims_table import fmt_interval, interval_cell
 
 from forgetless.bench.stats import interval_verdict, paired_verdict
 
@@ -65,7 +65,7 @@ def claim_rows(method: str, data: dict[str, Any]) -> list[str]:
 
 
 def _num(value: float) -> str:
-    return f"{value:.3f}".replace("-", "−")
+    return fmt_interval(value, 0.0, 1)
 
 
 def _estimate(value: float | None, interval: list[float] | None) -> str:

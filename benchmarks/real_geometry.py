@@ -26,12 +26,15 @@ from run_all import commit, machine  # benchmarks/ is on sys.path
 from forgetless.bench.campaign import config_key, load_record
 from forgetless.config.loading import read_yaml, validate_config
 from forgetless.core.storage import atomic_write_json
-from forgetless.diagnostics.diagnose_geometry import task_signals, within_run_summary
+from forgetless.diagnostics.diagnose_geometry import (
+    LOGLIK_TARGET,
+    task_signals,
+    within_run_summary,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 KEPT = ROOT / "benchmarks" / "results" / "real" / "cpu"
 OUT = ROOT / "benchmarks" / "results" / "real-geometry" / "geometry-real.json"
-TARGET = "retention_change_loglik"
 
 
 def campaign_run(run: Path) -> str | None:
@@ -72,9 +75,9 @@ def main() -> None:
     report = {
         "schema_version": 1,
         "runs": sorted(by_run),
-        "target": TARGET,
+        "target": LOGLIK_TARGET,
         "rows": rows,
-        "within_run": within_run_summary(rows, TARGET),
+        "within_run": within_run_summary(rows, LOGLIK_TARGET),
         "commit": commit(),
         "machine": machine(threads),
     }

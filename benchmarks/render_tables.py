@@ -29,6 +29,7 @@ differs from what its data renders (a test runs it).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import re
 import sys
@@ -334,9 +335,10 @@ def rewrite(text: str) -> str:
     def tasks(match: re.Match[str]) -> str:
         return match.group(1) + render_tasks(match.group(2)) + match.group(4)
 
+    block = functools.cache(render_block)  # the scales table re-reads the claims blocks
+
     def claims(match: re.Match[str]) -> str:
-        rows = render_section(match.group(2), load_claims(), _claim_runs, _metric)
-        return match.group(1) + rows + match.group(4)
+        return match.group(1) + block("claims-table", match.group(2)) + match.group(4)
 
     def memory(match: re.Match[str]) -> str:
         return match.group(1) + memory_table(int(match.group(2))) + match.group(4)
@@ -356,13 +358,13 @@ def rewrite(text: str) -> str:
         return match.group(1) + render_frontier(_frontier_rows(match.group(2))) + match.group(4)
 
     def geometry(match: re.Match[str]) -> str:
-        return match.group(1) + render_geometry(RESULTS / match.group(2)) + match.group(4)
+        return match.group(1) + block("geometry-claims", match.group(2)) + match.group(4)
 
     def within(match: re.Match[str]) -> str:
-        return match.group(1) + render_geometry_within(RESULTS / match.group(2)) + match.group(4)
+        return match.group(1) + block("geometry-within", match.group(2)) + match.group(4)
 
     def circuits(match: re.Match[str]) -> str:
-        return match.group(1) + render_circuits(RESULTS / match.group(2)) + match.group(4)
+        return match.group(1) + block("circuits-claims", match.group(2)) + match.group(4)
 
     def gates(match: re.Match[str]) -> str:
         variants, _, runs, _ = _kept_runs(match.group(2))
@@ -380,7 +382,7 @@ def rewrite(text: str) -> str:
         return match.group(1) + render_zero_memory(match.group(2)) + match.group(4)
 
     def scales(match: re.Match[str]) -> str:
-        return match.group(1) + render_scales(match.group(2), render_block) + match.group(4)
+        return match.group(1) + render_scales(match.group(2), block) + match.group(4)
 
     text = SCALES.sub(scales, ZERO_MEMORY.sub(zero_memory, AGREEMENT.sub(agreement, text)))
     return MEMORY_CHECK.sub(checked, BUDGET.sub(budget, text))

@@ -99,11 +99,7 @@ def paired_verdict(diffs: Sequence[float], expected: int = 1, untestable: bool =
     found = mean_interval(diffs)
     if found is None:
         return "not measured"
-    if found.n < MIN_SEEDS:
-        return "exploratory"
-    if found.low > 0 or found.high < 0:
-        return "supported" if (found.low > 0) == (expected > 0) else "refuted"
-    return "inconclusive"
+    return interval_verdict((found.low, found.high), found.n, expected)
 
 
 def interval_verdict(interval: Sequence[float] | None, runs: int, expected: int = 1) -> str:

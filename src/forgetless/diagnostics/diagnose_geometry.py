@@ -51,6 +51,10 @@ SIGNALS = (
 )
 
 
+LOGLIK_TARGET = "retention_change_loglik"
+"""The continuous ΔR the run-level and within-run statistics read."""
+
+
 class GeometryError(ForgetlessError):
     """A run folder cannot be diagnosed (missing results or checkpoints)."""
 
@@ -433,12 +437,12 @@ def diagnose_runs(run_dirs: list[Path], out: Path | None = None, rank: int = 64)
         "svd_rank": rank,
         "rows": rows,
         "correlations": correlations(rows),
-        "correlations_loglik": correlations(rows, "retention_change_loglik"),
-        "run_level": run_level(rows, "retention_change_loglik"),
+        "correlations_loglik": correlations(rows, LOGLIK_TARGET),
+        "run_level": run_level(rows, LOGLIK_TARGET),
         "run_level_position_controlled": run_level(
-            position_residuals(rows, "retention_change_loglik"), "retention_change_loglik"
+            position_residuals(rows, LOGLIK_TARGET), LOGLIK_TARGET
         ),
-        "within_run": within_run_summary(rows, "retention_change_loglik"),
+        "within_run": within_run_summary(rows, LOGLIK_TARGET),
         "plot": str(target.with_suffix(".png")),
     }
     plot_conflict(rows, target.with_suffix(".png"))

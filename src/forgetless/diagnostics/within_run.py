@@ -18,24 +18,26 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from forgetless.bench.stats import t_quantile
 
 Point = tuple[str, int, float, float]
 """(run, task position, signal, target)."""
+Item = TypeVar("Item")
 
 
 def two_way_residuals(points: Sequence[Point], sweeps: int = 100) -> list[tuple[float, float]]:
     """Each point's signal and target less its run's and its position's effect."""
     xs = [p[2] for p in points]
     ys = [p[3] for p in points]
+    groupings: list[list[object]] = [[p[0] for p in points], [p[1] for p in points]]
     for _ in range(sweeps):
         shift = 0.0
-        for group in (0, 1):
+        for groups in groupings:
             for values in (xs, ys):
-                shift = max(shift, _demean(values, [p[group] for p in points]))
+                shift = max(shift, _demean(values, groups))
         if shift < 1e-12:
             break
     return list(zip(xs, ys, strict=True))
@@ -60,12 +62,6 @@ def residual_correlation(points: Sequence[Point]) -> float | None:
     if sxx <= 1e-18 or syy <= 1e-18:
         return None
     return max(-1.0, min(1.0, sum(x * y for x, y in pairs) / math.sqrt(sxx * syy)))
-
-
-def leave_one_run_out(points: Sequence[Point]) -> list[list[Point]]:
-    """The points without each run in turn."""
-    runs = sorted({p[0] for p in points})
-    return [[p for p in points if p[0] != run] for run in runs]
 
 
 def jackknife_interval(
@@ -93,6 +89,24 @@ def _points(rows: Sequence[dict[str, Any]], signal: str, target: str) -> list[Po
     ]
 
 
+def jackknifed(
+    statistic: Callable[[Sequence[Item]], float | None],
+    items: Sequence[Item],
+    run_of: Callable[[Item], str],
+    z_scale: bool,
+) -> tuple[float | None, list[float] | None, int]:
+    """``statistic`` on all ``items``, its jackknife interval over runs (None where the
+    statistic is undefined on all or on any leave-one-run-out subset) and the number of runs."""
+    runs = sorted({run_of(item) for item in items})
+    estimate = statistic(items)
+    left_out = [statistic([i for i in items if run_of(i) != run]) for run in runs]
+    kept = [v for v in left_out if v is not None]
+    interval = None
+    if estimate is not None and len(kept) == len(left_out):
+        interval = jackknife_interval(estimate, kept, z_scale)
+    return estimate, interval, len(runs)
+
+
 def within_run(
     rows: Sequence[dict[str, Any]], signals: Sequence[str], target: str
 ) -> dict[str, dict[str, Any]]:
@@ -101,18 +115,8 @@ def within_run(
     out: dict[str, dict[str, Any]] = {}
     for signal in signals:
         points = _points(rows, signal, target)
-        r = residual_correlation(points)
-        left_out = [residual_correlation(rest) for rest in leave_one_run_out(points)]
-        kept = [v for v in left_out if v is not None]
-        interval = None
-        if r is not None and len(kept) == len(left_out):
-            interval = jackknife_interval(r, kept, z_scale=True)
-        out[signal] = {
-            "r": r,
-            "points": len(points),
-            "runs": len({p[0] for p in points}),
-            "ci95": interval,
-        }
+        r, interval, runs = jackknifed(residual_correlation, points, lambda p: p[0], True)
+        out[signal] = {"r": r, "points": len(points), "runs": runs, "ci95": interval}
     return out
 
 
@@ -126,11 +130,5 @@ def contrast(rows: Sequence[dict[str, Any]], a: str, b: str, target: str) -> dic
         rb = residual_correlation(_points(subset, b, target))
         return None if ra is None or rb is None else abs(ra) - abs(rb)
 
-    diff = gap(both)
-    runs = sorted({str(r["run"]) for r in both})
-    left_out = [gap([r for r in both if str(r["run"]) != run]) for run in runs]
-    kept = [v for v in left_out if v is not None]
-    interval = None
-    if diff is not None and len(kept) == len(left_out):
-        interval = jackknife_interval(diff, kept, z_scale=False)
-    return {"diff": diff, "runs": len(runs), "ci95": interval}
+    diff, interval, runs = jackknifed(gap, both, lambda r: str(r["run"]), False)
+    return {"diff": diff, "runs": runs, "ci95": interval}
