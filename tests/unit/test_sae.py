@@ -3,9 +3,11 @@ last-MLP hook and the `forgetless sae` commands."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -14,6 +16,8 @@ from conftest import tiny_run_config
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM
 
+import forgetless.sae.activations as sae_activations
+import forgetless.sae.train as sae_train
 from forgetless.cli.app import main
 from forgetless.sae import (
     GatedSAE,
@@ -28,7 +32,7 @@ from forgetless.sae import (
     save_sae,
     train_sae,
 )
-from forgetless.sae.activations import MLPTap, last_mlp
+from forgetless.sae.activations import MLPTap, last_mlp, sae_key
 from forgetless.sae.gated import (
     init_for_training_,
     normalize_decoder_,
@@ -134,10 +138,23 @@ def _sparse_data(n: int, d: int = 16, k: int = 32, active: int = 2) -> torch.Ten
     return codes @ dirs + 0.01 * torch.randn(n, d, generator=g)
 
 
-def test_training_reaches_high_explained_variance_at_low_l0() -> None:
+@pytest.mark.parametrize("autocast", ["off", "bf16"])
+def test_training_reaches_high_explained_variance_at_low_l0(
+    autocast: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     acts = _sparse_data(4096)
-    cfg = SAETrainConfig(expansion=4, l1_coeff=0.5, steps=800, batch_size=256, lr=1e-2)
+    cfg = SAETrainConfig(
+        expansion=4, l1_coeff=0.5, steps=800, batch_size=256, lr=1e-2, autocast=autocast
+    )
+    under: list[bool] = []
+
+    def loss_spy(*args: Any) -> Any:
+        under.append(torch.is_autocast_enabled("cpu"))
+        return gated_sae_loss(*args)
+
+    monkeypatch.setattr(sae_train, "gated_sae_loss", loss_spy)
     sae, history = train_sae(acts, cfg)
+    assert set(under) == {autocast == "bf16"}
     metrics = sae_metrics(sae, acts)
     assert metrics.explained_variance > 0.9, metrics
     assert metrics.l0 < 4.0, f"2 true features per token, D = 64: {metrics}"
@@ -146,6 +163,15 @@ def test_training_reaches_high_explained_variance_at_low_l0() -> None:
     assert not any(p.requires_grad for p in sae.parameters()), "returned frozen"
     norms = sae.W_dec.norm(dim=0)
     torch.testing.assert_close(norms, torch.ones_like(norms))
+
+
+def test_autocast_enters_the_cache_key_only_when_on() -> None:
+    off, on = SAETrainConfig(), SAETrainConfig(autocast="bf16")
+    payload = {"model": "f", "sae": off.model_dump(mode="json", exclude={"autocast"}),
+               "max_length": 64}  # fmt: skip
+    before = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
+    assert sae_key("f", off, 64) == before, "SAEs cached before the option keep their keys"
+    assert sae_key("f", on, 64) != before
 
 
 def test_save_and_load_round_trip(tmp_path: Path) -> None:
@@ -202,9 +228,18 @@ def test_sae_train_and_eval_commands(
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump(tiny_run_config(tiny_model_dir)), encoding="utf-8")
     out = tmp_path / "sae"
+    under: list[bool] = []
+    collect = sae_activations.collect_mlp_outputs
+
+    def collect_spy(*args: Any) -> Any:
+        under.append(torch.is_autocast_enabled("cpu"))
+        return collect(*args)
+
+    monkeypatch.setattr(sae_activations, "collect_mlp_outputs", collect_spy)
     _invoke(monkeypatch, "sae", "train", str(config), "--out", str(out), "--steps", "30",
-            "--n-per-task", "4", "--expansion", "2", "--quiet")  # fmt: skip
+            "--n-per-task", "4", "--expansion", "2", "--autocast", "bf16", "--quiet")  # fmt: skip
     record = json.loads((out / "sae_config.json").read_text())
+    assert record["train"]["autocast"] == "bf16" and under == [True, True]
     assert (out / "sae.safetensors").is_file()
     assert record["sae"]["d_in"] == 32 and record["sae"]["d_sae"] == 64
     assert set(record["metrics"]) == {"train", "eval"}

@@ -84,6 +84,10 @@ def _metrics_table(metrics: dict[str, dict[str, float]]) -> Table:
 
 
 def _settings(cfg: RunConfig, overrides: dict[str, Any]) -> SAETrainConfig:
+    from pydantic import ValidationError
+
+    from forgetless.config.loading import format_validation_error
+    from forgetless.errors import ConfigError
     from forgetless.sae.train import SAETrainConfig
 
     start = getattr(cfg.method, "sae", None) if cfg.method.name == "sae_fd" else None
@@ -94,7 +98,10 @@ def _settings(cfg: RunConfig, overrides: dict[str, Any]) -> SAETrainConfig:
         from forgetless.sae.activations import default_sae_sources
 
         merged["tasks"] = default_sae_sources([t.builtin or "" for t in cfg.tasks])
-    return SAETrainConfig.model_validate(merged)
+    try:
+        return SAETrainConfig.model_validate(merged)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err, "sae train options")) from None
 
 
 @app.command()
@@ -117,6 +124,10 @@ def train(
     ] = None,
     tasks: TasksOpt = None,
     seed: Annotated[Optional[int], typer.Option(help="Seed.")] = None,  # noqa: UP045
+    autocast: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(help="off or bf16: collect and train under bfloat16 autocast."),
+    ] = None,
     quiet: QuietOpt = False,
 ) -> None:
     """Train a gated SAE on the base model's last-layer MLP outputs; save it with its config.
@@ -140,6 +151,7 @@ def train(
         "n_per_task": n_per_task,
         "tasks": _task_list(tasks),
         "seed": seed,
+        "autocast": autocast,
     }
     settings = _settings(cfg, overrides)
     model, tokenizer, device, source = _base_model(cfg, quiet)

@@ -180,7 +180,9 @@ def model_fingerprint(model: nn.Module, tokenizer: Any) -> str:
 
 
 def sae_key(fingerprint: str, cfg: SAETrainConfig, max_length: int) -> str:
-    payload = {"model": fingerprint, "sae": cfg.model_dump(mode="json"), "max_length": max_length}
+    # autocast enters the key only when on, so SAEs cached before the option keep their keys
+    sae = cfg.model_dump(mode="json", exclude={"autocast"} if cfg.autocast == "off" else None)
+    payload = {"model": fingerprint, "sae": sae, "max_length": max_length}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -216,12 +218,13 @@ def fit_sae(
     pad_id = tokenizer.pad_token_id
     train_ex = sae_examples(cfg.tasks, cfg.n_per_task, cfg.seed, "train")
     eval_ex = sae_examples(cfg.tasks, cfg.n_per_task, cfg.seed, "eval")
-    train_acts = collect_mlp_outputs(
-        model, example_features(train_ex, tokenizer, max_length), pad_id, device
-    )
-    eval_acts = collect_mlp_outputs(
-        model, example_features(eval_ex, tokenizer, max_length), pad_id, device
-    )
+    with cfg.precision(device):
+        train_acts = collect_mlp_outputs(
+            model, example_features(train_ex, tokenizer, max_length), pad_id, device
+        )
+        eval_acts = collect_mlp_outputs(
+            model, example_features(eval_ex, tokenizer, max_length), pad_id, device
+        )
     sae, history = train_sae(train_acts, cfg, device, on_step)
     record = {
         "train": cfg.model_dump(mode="json"),

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -61,9 +62,22 @@ class SAETrainConfig(BaseModel):
         "(jsonl / hf); null = every built-in task.",
     )
     seed: int = Field(0, description="Seed of the SAE's initialisation, data and batch order.")
+    autocast: Literal["off", "bf16"] = Field(
+        "off",
+        description="bf16: the base's forward passes that collect the activations, and the "
+        "SAE's own training steps, under bfloat16 autocast (float32 weights and Adam state), "
+        "as a run with train.autocast bf16 computes them. On CPUs with bf16 matrix units it "
+        "about halves `sae train` on the real model (docs/real-track.md).",
+    )
 
     def width(self, d_in: int) -> int:
         return self.expansion * d_in
+
+    def precision(self, device: torch.device) -> AbstractContextManager[Any]:
+        """The autocast context the collection and the training steps run in."""
+        if self.autocast == "off":
+            return nullcontext()
+        return torch.autocast(device.type, torch.bfloat16)
 
 
 @dataclass
@@ -199,7 +213,8 @@ def train_sae(
         idx = order[cursor : cursor + cfg.batch_size].to(device)
         cursor += len(idx)
         coeff = cfg.l1_coeff * min(1.0, (step + 1) / warmup)
-        loss = gated_sae_loss(sae, data[idx], coeff)
+        with cfg.precision(device):
+            loss = gated_sae_loss(sae, data[idx], coeff)
         optimizer.zero_grad(set_to_none=True)
         loss.total.backward()
         remove_parallel_decoder_grad_(sae)
