@@ -261,6 +261,38 @@ def test_anchors_folded_into_the_task_batch_give_the_separate_forwards_loss(
     assert torch.allclose(grad_f, grad_s, rtol=1e-4, atol=1e-7)
 
 
+def test_skip_first_leaves_each_anchors_first_token_out_of_the_loss(
+    tiny_model_dir: Path,
+) -> None:
+    """With ``sae.skip_first`` the first token's stored output cannot move L_FD; else it does."""
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir))
+    ctx = _context(tiny_model_dir, model)
+    d = model.config.hidden_size
+    sae = GatedSAE(GatedSAEConfig(d_in=d, d_sae=4 * d), seed=0)
+    step = StepContext(task=dataclasses.replace(ctx, task_index=2), step=0, total_steps=1)
+    feats = ctx.train_features[:8]
+
+    def term(skip_first: bool, forward: str, first_scale: float) -> float:
+        method = SAEFD(
+            SAEFDConfig(anchor_samples=12, anchor_forward=forward, sae={"skip_first": skip_first})
+        )
+        method.capture_anchors(ctx)
+        method.buffer.h[method.buffer.starts()] *= first_scale
+        method.sae = sae
+        handles = method.register_hooks(step.task)
+        batch = collate(method.transform_batch(feats, step), 0)
+        with torch.no_grad():
+            outputs = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+            value = method.loss_terms(batch, outputs, step)["sae_fd"].item()
+        for handle in handles:
+            handle.remove()
+        return value
+
+    for forward in ("fold", "separate"):
+        assert term(True, forward, 50.0) == pytest.approx(term(True, forward, 1.0), rel=1e-6)
+        assert term(False, forward, 50.0) > 1.01 * term(False, forward, 1.0)
+
+
 # --- runs ------------------------------------------------------------------------------------
 
 

@@ -32,7 +32,13 @@ from forgetless.sae import (
     save_sae,
     train_sae,
 )
-from forgetless.sae.activations import MLPTap, last_mlp, sae_key
+from forgetless.sae.activations import (
+    MLPTap,
+    collect_mlp_outputs,
+    last_mlp,
+    later_tokens,
+    sae_key,
+)
 from forgetless.sae.gated import (
     init_for_training_,
     normalize_decoder_,
@@ -165,13 +171,26 @@ def test_training_reaches_high_explained_variance_at_low_l0(
     torch.testing.assert_close(norms, torch.ones_like(norms))
 
 
-def test_autocast_enters_the_cache_key_only_when_on() -> None:
-    off, on = SAETrainConfig(), SAETrainConfig(autocast="bf16")
-    payload = {"model": "f", "sae": off.model_dump(mode="json", exclude={"autocast"}),
-               "max_length": 64}  # fmt: skip
+def test_later_options_enter_the_cache_key_only_when_set() -> None:
+    off = SAETrainConfig()
+    older = off.model_dump(mode="json", exclude={"autocast", "skip_first"})
+    payload = {"model": "f", "sae": older, "max_length": 64}
     before = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
-    assert sae_key("f", off, 64) == before, "SAEs cached before the option keep their keys"
-    assert sae_key("f", on, 64) != before
+    assert sae_key("f", off, 64) == before, "SAEs cached before the options keep their keys"
+    keys = {sae_key("f", SAETrainConfig(**{k: v}), 64) for k, v in
+            (("autocast", "bf16"), ("skip_first", True))}  # fmt: skip
+    assert len(keys) == 2 and before not in keys
+
+
+def test_skip_first_drops_each_rows_first_token(tiny_model_dir: Path) -> None:
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]])
+    assert later_tokens(mask).tolist() == [False, True, True, False, True, False, True, True, True]
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir)).eval()
+    features = [{"input_ids": list(range(4, 4 + n)), "labels": [-100] * n} for n in (5, 3, 7)]
+    every = collect_mlp_outputs(model, features, 0, torch.device("cpu"), batch_size=2)
+    later = collect_mlp_outputs(model, features, 0, torch.device("cpu"), skip_first=True)
+    assert every.size(0) == 15 and later.size(0) == 12
+    torch.testing.assert_close(later, every[[i for i in range(15) if i not in (0, 5, 8)]])
 
 
 def test_save_and_load_round_trip(tmp_path: Path) -> None:
@@ -231,9 +250,9 @@ def test_sae_train_and_eval_commands(
     under: list[bool] = []
     collect = sae_activations.collect_mlp_outputs
 
-    def collect_spy(*args: Any) -> Any:
+    def collect_spy(*args: Any, **kwargs: Any) -> Any:
         under.append(torch.is_autocast_enabled("cpu"))
-        return collect(*args)
+        return collect(*args, **kwargs)
 
     monkeypatch.setattr(sae_activations, "collect_mlp_outputs", collect_spy)
     _invoke(monkeypatch, "sae", "train", str(config), "--out", str(out), "--steps", "30",

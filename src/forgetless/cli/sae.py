@@ -128,6 +128,10 @@ def train(
         Optional[str],  # noqa: UP045
         typer.Option(help="off or bf16: collect and train under bfloat16 autocast."),
     ] = None,
+    skip_first: Annotated[
+        Optional[bool],  # noqa: UP045
+        typer.Option(help="Leave each example's first token (a chat model's sink) out."),
+    ] = None,
     quiet: QuietOpt = False,
 ) -> None:
     """Train a gated SAE on the base model's last-layer MLP outputs; save it with its config.
@@ -152,6 +156,7 @@ def train(
         "tasks": _task_list(tasks),
         "seed": seed,
         "autocast": autocast,
+        "skip_first": skip_first,
     }
     settings = _settings(cfg, overrides)
     model, tokenizer, device, source = _base_model(cfg, quiet)
@@ -196,7 +201,7 @@ def evaluate(
     the base model's last-layer MLP outputs over the given data."""
     from forgetless.errors import ConfigError
     from forgetless.sae.activations import collect_mlp_outputs, example_features, sae_examples
-    from forgetless.sae.gated import load_sae
+    from forgetless.sae.gated import load_sae, read_sae_record
     from forgetless.sae.train import sae_metrics
 
     if split not in ("eval", "train"):
@@ -216,7 +221,10 @@ def evaluate(
         ]
     examples = sae_examples(sources, n_per_task, seed, split)
     features = example_features(examples, tokenizer, cfg.train.max_length)
-    acts = collect_mlp_outputs(model, features, tokenizer.pad_token_id, device)
+    skip_first = bool(read_sae_record(sae_dir).get("train", {}).get("skip_first", False))
+    acts = collect_mlp_outputs(
+        model, features, tokenizer.pad_token_id, device, skip_first=skip_first
+    )
     if acts.size(-1) != sae.d_in:
         raise ConfigError(
             f"the SAE encodes d={sae.d_in}, the model's MLP outputs d={acts.size(-1)}"

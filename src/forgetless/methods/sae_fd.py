@@ -40,6 +40,7 @@ from forgetless.sae.activations import (
     TrainedSAE,
     default_sae_sources,
     ensure_sae,
+    later_tokens,
     model_fingerprint,
     shared_sae_dir,
     token_outputs,
@@ -530,17 +531,26 @@ class SAEFD(Method[SAEFDConfig]):
 
     def _anchor_outputs(self, batch: Batch, ctx: StepContext) -> tuple[int, Tensor, Tensor]:
         """The task rows of ``batch``, the current model's last-MLP outputs on this micro-batch's
-        anchor tokens ``(tokens, d)`` and their stored targets (on the device)."""
+        anchor tokens ``(tokens, d)`` and their stored targets (on the device), without each
+        anchor's first token when the SAE was trained without it (``sae.skip_first``)."""
         task = ctx.task
         if not self._folds():
             rows = self._draw(ctx.global_batch_size or batch["input_ids"].size(0), ctx)
             inputs, h_anchor = self.buffer.gather(rows, task.tokenizer.pad_token_id, task.device)
-            return batch["input_ids"].size(0), token_outputs(self.tap, task.model, inputs), h_anchor
-        if self._folded is None:
-            raise RuntimeError("sae_fd: loss_terms on a micro-batch transform_batch did not extend")
-        (n, targets), self._folded = self._folded, None
-        h = self.tap.take()[n:][batch["attention_mask"][n:].bool()]
-        return n, h, targets.to(task.device)
+            n, mask = batch["input_ids"].size(0), inputs["attention_mask"]
+            h = token_outputs(self.tap, task.model, inputs)
+        else:
+            if self._folded is None:
+                raise RuntimeError(
+                    "sae_fd: loss_terms on a micro-batch transform_batch did not extend"
+                )
+            (n, h_anchor), self._folded = self._folded, None
+            mask = batch["attention_mask"][n:]
+            h, h_anchor = self.tap.take()[n:][mask.bool()], h_anchor.to(task.device)
+        if self.config.sae.skip_first:
+            keep = later_tokens(mask)
+            h, h_anchor = h[keep], h_anchor[keep]
+        return n, h, h_anchor
 
     def _folds(self) -> bool:
         """Fold the anchors into the task batch? Not over several processes: the loop splits

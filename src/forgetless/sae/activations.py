@@ -88,10 +88,20 @@ class MLPTap:
         return out
 
 
-def token_outputs(tap: MLPTap, model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
-    """The MLP outputs at the non-padding positions of ``batch``, row by row: ``(tokens, d)``."""
+def later_tokens(mask: Tensor) -> Tensor:
+    """For the non-padding tokens of a right-padded ``mask``, in row order: False at each row's
+    first token, True elsewhere (``SAETrainConfig.skip_first``)."""
+    return mask.bool().cumsum(1)[mask.bool()] > 1
+
+
+def token_outputs(
+    tap: MLPTap, model: nn.Module, batch: dict[str, Tensor], skip_first: bool = False
+) -> Tensor:
+    """The MLP outputs at the non-padding positions of ``batch``, row by row: ``(tokens, d)``;
+    without each row's first token if ``skip_first``."""
     h = tap.run(model, batch["input_ids"], batch["attention_mask"])
-    return h[batch["attention_mask"].bool()]
+    tokens = h[batch["attention_mask"].bool()]
+    return tokens[later_tokens(batch["attention_mask"])] if skip_first else tokens
 
 
 @torch.no_grad()
@@ -102,8 +112,10 @@ def collect_mlp_outputs(
     device: torch.device,
     batch_size: int = 32,
     dtype: torch.dtype = torch.float32,
+    skip_first: bool = False,
 ) -> Tensor:
-    """Last-MLP outputs of every non-padding token of ``features``, in order, on the CPU."""
+    """Last-MLP outputs of every non-padding token of ``features`` (but each example's first,
+    if ``skip_first``), in order, on the CPU."""
     tap = MLPTap()
     handle = tap.register(model)
     was_training = model.training
@@ -115,7 +127,7 @@ def collect_mlp_outputs(
                 k: v.to(device)
                 for k, v in collate(list(features[lo : lo + batch_size]), pad_id).items()
             }
-            parts.append(token_outputs(tap, model, batch).to("cpu", dtype))
+            parts.append(token_outputs(tap, model, batch, skip_first).to("cpu", dtype))
     finally:
         handle.remove()
         model.train(was_training)
@@ -180,9 +192,7 @@ def model_fingerprint(model: nn.Module, tokenizer: Any) -> str:
 
 
 def sae_key(fingerprint: str, cfg: SAETrainConfig, max_length: int) -> str:
-    # autocast enters the key only when on, so SAEs cached before the option keep their keys
-    sae = cfg.model_dump(mode="json", exclude={"autocast"} if cfg.autocast == "off" else None)
-    payload = {"model": fingerprint, "sae": sae, "max_length": max_length}
+    payload = {"model": fingerprint, "sae": cfg.key_fields(), "max_length": max_length}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -219,11 +229,15 @@ def fit_sae(
     train_ex = sae_examples(cfg.tasks, cfg.n_per_task, cfg.seed, "train")
     eval_ex = sae_examples(cfg.tasks, cfg.n_per_task, cfg.seed, "eval")
     with cfg.precision(device):
-        train_acts = collect_mlp_outputs(
-            model, example_features(train_ex, tokenizer, max_length), pad_id, device
-        )
-        eval_acts = collect_mlp_outputs(
-            model, example_features(eval_ex, tokenizer, max_length), pad_id, device
+        train_acts, eval_acts = (
+            collect_mlp_outputs(
+                model,
+                example_features(examples, tokenizer, max_length),
+                pad_id,
+                device,
+                skip_first=cfg.skip_first,
+            )
+            for examples in (train_ex, eval_ex)
         )
     sae, history = train_sae(train_acts, cfg, device, on_step)
     record = {

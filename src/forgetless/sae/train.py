@@ -62,6 +62,14 @@ class SAETrainConfig(BaseModel):
         "(jsonl / hf); null = every built-in task.",
     )
     seed: int = Field(0, description="Seed of the SAE's initialisation, data and batch order.")
+    skip_first: bool = Field(
+        False,
+        description="Leave each example's first token out of the activations. On a chat model "
+        "the template's first token is an attention sink: on SmolLM2-135M-Instruct its last-MLP "
+        "output averages norm 6537 against a median of 534 elsewhere, 66% of the squares on 2% "
+        "of the tokens (benchmarks/real_sae_sink.py), and an SAE spends itself on it. SAE-FD "
+        "then leaves it out of L_FD too.",
+    )
     autocast: Literal["off", "bf16"] = Field(
         "off",
         description="bf16: the base's forward passes that collect the activations, and the "
@@ -69,6 +77,13 @@ class SAETrainConfig(BaseModel):
         "as a run with train.autocast bf16 computes them. On CPUs with bf16 matrix units it "
         "about halves `sae train` on the real model (docs/real-track.md).",
     )
+
+    def key_fields(self) -> dict[str, Any]:
+        """The settings as the SAE cache key reads them: the options added after SAEs were
+        first cached enter it only when set, so those SAEs keep their keys."""
+        later = {"autocast": "off", "skip_first": False}
+        unset = {name for name, default in later.items() if getattr(self, name) == default}
+        return self.model_dump(mode="json", exclude=unset)
 
     def width(self, d_in: int) -> int:
         return self.expansion * d_in
