@@ -228,16 +228,26 @@ def test_anchor_draws_follow_the_fraction_and_the_seed(tiny_model_dir: Path) -> 
     assert len(method._draw(64, SimpleNamespace(task=task, step=4))) == 16  # type: ignore[arg-type]
 
 
+def _third_task_step(model_dir: Path) -> tuple[Any, TaskContext, GatedSAE, StepContext]:
+    """A tiny model, its task context, a random SAE and the first step of a third task."""
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir))
+    ctx = _context(model_dir, model)
+    d = model.config.hidden_size
+    sae = GatedSAE(GatedSAEConfig(d_in=d, d_sae=4 * d), seed=0)
+    return (
+        model,
+        ctx,
+        sae,
+        StepContext(task=dataclasses.replace(ctx, task_index=2), step=0, total_steps=1),
+    )
+
+
 def test_anchors_folded_into_the_task_batch_give_the_separate_forwards_loss(
     tiny_model_dir: Path,
 ) -> None:
     """One forward over task + anchor rows = the task forward + a forward on the anchors alone:
     the same cross-entropy (anchor rows carry no label), the same L_FD and gradient."""
-    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir))
-    ctx = _context(tiny_model_dir, model)
-    d = model.config.hidden_size
-    sae = GatedSAE(GatedSAEConfig(d_in=d, d_sae=4 * d), seed=0)
-    step = StepContext(task=dataclasses.replace(ctx, task_index=2), step=0, total_steps=1)
+    model, ctx, sae, step = _third_task_step(tiny_model_dir)
     feats = ctx.train_features[:8]
     results = {}
     for forward in ("fold", "separate"):
@@ -265,11 +275,7 @@ def test_skip_first_leaves_each_anchors_first_token_out_of_the_loss(
     tiny_model_dir: Path,
 ) -> None:
     """With ``sae.skip_first`` the first token's stored output cannot move L_FD; else it does."""
-    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir))
-    ctx = _context(tiny_model_dir, model)
-    d = model.config.hidden_size
-    sae = GatedSAE(GatedSAEConfig(d_in=d, d_sae=4 * d), seed=0)
-    step = StepContext(task=dataclasses.replace(ctx, task_index=2), step=0, total_steps=1)
+    model, ctx, sae, step = _third_task_step(tiny_model_dir)
     feats = ctx.train_features[:8]
 
     def term(skip_first: bool, forward: str, first_scale: float) -> float:
