@@ -1,6 +1,6 @@
 """How much of the real SAE's explained variance is the first token's: a control for its metrics.
 
-    python benchmarks/real_sae_sink.py [SAE_DIR] [--n 100]
+    python benchmarks/real_sae_sink.py [SAE_DIR] [--n 100] [--out FILE]
 
 On SmolLM2-135M-Instruct the last MLP's output at a prompt's first position (the chat template's
 ``<|im_start|>``, the same token in every example) is an order of magnitude larger than anywhere
@@ -8,7 +8,7 @@ else. A reconstruction that only knew "first position or not" would already expl
 the variance; this script measures that share beside the SAE's own figures, on all tokens and
 on the tokens after the first. SAE_DIR defaults to the SAE the real campaign's ``sae_fd`` runs
 read (the cache folder of ``benchmarks/configs/real.yaml``'s settings). Writes
-``benchmarks/results/real_sae_sink.json`` with the commit and the machine.
+``benchmarks/results/real_sae_sink.json`` (or FILE) with the commit and the machine.
 """
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("sae_dir", type=Path, nargs="?")
     parser.add_argument("--n", type=int, default=100, help="Held-out examples per source.")
+    parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     threads = int(os.environ.get("OMP_NUM_THREADS", os.cpu_count() or 1))
     torch.set_num_threads(threads)
@@ -90,7 +91,7 @@ def main() -> None:
         "commit": commit(),
         "machine": machine(threads),
     }
-    atomic_write_json(OUT, result)
+    atomic_write_json(args.out, result)
     print({k: v for k, v in result.items() if k not in ("machine",)})
 
 
