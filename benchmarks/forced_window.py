@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from run_all import commit, machine  # benchmarks/ is on sys.path
 
 from forgetless.config.loading import validate_config
 from forgetless.config.presets import smollm2_config_dict
+from forgetless.config.schema import RunConfig
 from forgetless.core.storage import atomic_write_json
 from forgetless.eval.generation import forced_logprobs, teacher_forced_inputs
 from forgetless.models.loading import load_model_and_tokenizer
@@ -54,31 +56,31 @@ def windowed(model: Any, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
     return logp.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)[mask]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--probe-batch", type=int, default=32)
-    parser.add_argument("--out", type=Path, default=OUT)
-    args = parser.parse_args()
-    cfg = validate_config(smollm2_config_dict())
-    lm, tokenizer = load_model_and_tokenizer(cfg.model)
-    lm.eval()
-    batch = probe_batch(load_tasks(cfg.probes, cfg), args.probe_batch)
-    inputs = [teacher_forced_inputs(tokenizer, p.eval, cfg.train.max_length) for p in batch]
-    gap = max(float((every_position(lm, x) - windowed(lm, x)).abs().max()) for x in inputs)
-    cases = {"every_position": every_position, "window": windowed}
+def compare_and_write(
+    out: Path,
+    info: dict[str, Any],
+    lm: Any,
+    inputs: list[Any],
+    every: Callable[[Any, Any], torch.Tensor],
+    window: Callable[[Any, Any], torch.Tensor],
+    repeats: int,
+) -> None:
+    """``every(lm, x)`` against ``window(lm, x)`` over ``inputs``: the largest gap between their
+    values, and their times over ``repeats`` with the order reversed every other repeat (each
+    case's seconds and median; the window's time as a ratio of the full forward's, median and
+    spread). Written to ``out`` with ``info``, the commit and the machine."""
+    gap = max(float((every(lm, x) - window(lm, x)).abs().max()) for x in inputs)
+    cases = {"every_position": every, "window": window}
     times: dict[str, list[float]] = {name: [] for name in cases}
-    for repeat in range(args.repeats):
-        names = list(cases) if repeat % 2 == 0 else list(reversed(cases))
-        for name in names:
+    for repeat in range(repeats):
+        for name in list(cases) if repeat % 2 == 0 else list(reversed(cases)):
             start = time.perf_counter()
             for x in inputs:
                 cases[name](lm, x)
             times[name].append(time.perf_counter() - start)
     ratios = [w / e for w, e in zip(times["window"], times["every_position"], strict=True)]
     report = {
-        "case": f"KL budget check, {sum(len(p.eval) for p in batch)} probe examples",
-        "probes": [p.name for p in batch],
+        **info,
         "median_seconds": {name: statistics.median(v) for name, v in times.items()},
         "seconds": times,
         "time_ratio_window": statistics.median(ratios),
@@ -87,8 +89,31 @@ def main() -> None:
         "commit": commit(),
         "machine": machine(torch.get_num_threads()),
     }
-    atomic_write_json(args.out, report)
+    atomic_write_json(out, report)
     print(f"window / every position: x{report['time_ratio_window']:.2f}, gap {gap:.1e} nats")
+
+
+def preset_model() -> tuple[RunConfig, Any, Any]:
+    """The real track's preset, and its model (in eval mode) and tokenizer."""
+    cfg = validate_config(smollm2_config_dict())
+    lm, tokenizer = load_model_and_tokenizer(cfg.model)
+    return cfg, lm.eval(), tokenizer
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--probe-batch", type=int, default=32)
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args()
+    cfg, lm, tokenizer = preset_model()
+    batch = probe_batch(load_tasks(cfg.probes, cfg), args.probe_batch)
+    inputs = [teacher_forced_inputs(tokenizer, p.eval, cfg.train.max_length) for p in batch]
+    info = {
+        "case": f"KL budget check, {sum(len(p.eval) for p in batch)} probe examples",
+        "probes": [p.name for p in batch],
+    }
+    compare_and_write(args.out, info, lm, inputs, every_position, windowed, args.repeats)
 
 
 if __name__ == "__main__":

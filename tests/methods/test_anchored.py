@@ -18,11 +18,13 @@ from forgetless.contract import registered_methods
 from forgetless.contract.method import Capability, StepContext
 from forgetless.errors import ConfigError
 from forgetless.eval import metrics
+from forgetless.eval.generation import shared_prefix
 from forgetless.methods.anchored import (
     AnchorCache,
     Anchored,
     AnchoredConfig,
     anchor_loss,
+    completion_logprobs,
     completion_mask,
 )
 from forgetless.methods.anchored_math import (
@@ -36,6 +38,7 @@ from forgetless.methods.anchored_math import (
 from forgetless.models.loading import load_model_and_tokenizer
 from forgetless.tasks.builtin import build_builtin_task
 from forgetless.tasks.formatting import collate, encode_example
+from forgetless.testing import save_tiny
 from forgetless.training.runner import Runner
 
 F64 = torch.float64
@@ -189,6 +192,30 @@ def test_cached_loss_on_a_model_batch_equals_the_uncached_kl(tiny_model_dir: Pat
     torch.testing.assert_close(cached, exact, rtol=1e-5, atol=1e-7)
     torch.testing.assert_close(g_cached, g_exact, rtol=1e-4, atol=1e-8)
     assert float(exact) > 1e-4
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_anchor_logprobs_skip_the_prompt_and_match_the_full_forward(
+    tmp_path: Path, arch: str
+) -> None:
+    """The anchor pass reads the completion window after a shared chat prefix run once: the
+    same rows, in the same order, as the full forward's completion positions."""
+    folder = save_tiny(tmp_path / arch, arch=arch, chat=True)
+    model, tokenizer = load_model_and_tokenizer(ModelConfig(name_or_path=str(folder)))
+    model.eval()
+    task = build_builtin_task("reverse", n_train=6, n_eval=1, seed=0)
+    batch = collate([encode_example(tokenizer, e, 64) for e in task.train], tokenizer.pad_token_id)
+    assert shared_prefix(batch["input_ids"], batch["attention_mask"], 64) > 4
+    with torch.no_grad():
+        full = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        widths: list[int] = []
+        hook = model.lm_head.register_forward_hook(lambda m, a, out: widths.append(out.shape[1]))
+        fast = completion_logprobs(model, batch)
+        hook.remove()
+    assert widths and max(widths) < batch["input_ids"].shape[1], "the prompt's logits are skipped"
+    whole = full[:, :-1][completion_mask(batch)].float().log_softmax(-1)
+    assert fast.shape == whole.shape
+    torch.testing.assert_close(fast, whole, rtol=1e-4, atol=1e-4)
 
 
 def test_config_defaults_and_validation() -> None:

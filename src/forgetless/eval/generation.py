@@ -118,12 +118,12 @@ def forced_logprobs(
     model: nn.Module, inputs: dict[str, torch.Tensor]
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``completion_logprobs`` of a batch from ``teacher_forced_inputs``."""
-    logits, labels = _teacher_forced(model, inputs)
+    logits, labels = teacher_forced_logits(model, inputs)
     logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
     return logp.cpu(), (labels[:, 1:] != IGNORE_INDEX).cpu()
 
 
-def _teacher_forced(
+def teacher_forced_logits(
     model: nn.Module, inputs: dict[str, torch.Tensor]
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The logits of prompt + gold completion in one batch (eval mode), and the labels, both
@@ -191,7 +191,7 @@ def gold_loglik(
     per_example: list[torch.Tensor] = []
     for start in range(0, len(examples), batch_size):
         chunk = teacher_forced_inputs(tokenizer, examples[start : start + batch_size], max_length)
-        logits, labels = _teacher_forced(model, chunk)
+        logits, labels = teacher_forced_logits(model, chunk)
         labels = labels[:, 1:]
         mask = labels != IGNORE_INDEX
         logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
@@ -216,7 +216,7 @@ def teacher_forced_match(
 @torch.no_grad()
 def forced_match(model: nn.Module, inputs: dict[str, torch.Tensor]) -> list[bool]:
     """``teacher_forced_match`` of a batch from ``teacher_forced_inputs``."""
-    logits, labels = _teacher_forced(model, inputs)
+    logits, labels = teacher_forced_logits(model, inputs)
     labels = labels[:, 1:]
     hit = (logits[:, :-1].argmax(-1) == labels) | (labels == IGNORE_INDEX)
     return [bool(row) for row in hit.all(dim=1).cpu()]

@@ -31,6 +31,7 @@ from forgetless.core import sharding
 from forgetless.engine.loop import steps_for_epochs
 from forgetless.engine.resources import peak_memory_mb
 from forgetless.errors import ConfigError, ModelLoadError, TrainingError
+from forgetless.eval.generation import teacher_forced_logits
 from forgetless.methods.anchored_math import (
     Space,
     anchor_logprobs,
@@ -151,9 +152,13 @@ def completion_mask(batch: Batch) -> torch.Tensor:
 
 
 def completion_logprobs(model: nn.Module, batch: Batch) -> torch.Tensor:
-    """``(n, V)`` float32 log-probabilities at the batch's completion positions, row-major."""
-    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
-    return torch.log_softmax(out.logits[:, :-1][completion_mask(batch)].float(), dim=-1)
+    """``(n, V)`` float32 log-probabilities at the batch's completion positions, row-major.
+
+    Through ``teacher_forced_logits``: logits over the completion window only, and the tokens
+    every row shares (a chat template's system turn) run once, so forming an anchor on a real
+    model does not pay the output layer and the system turn for every row."""
+    logits, labels = teacher_forced_logits(model, batch)
+    return torch.log_softmax(logits[:, :-1][labels[:, 1:] != IGNORE_INDEX].float(), dim=-1)
 
 
 def anchor_loss(cache: AnchorCache) -> LossFn:
