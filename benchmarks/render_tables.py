@@ -244,8 +244,25 @@ def _campaign_verdicts(variants: list[str], seeds: list[int], runs: dict[Any, An
             continue
         verdict = paired_verdict(diffs, expected=1)
         said = {"supported": "retains more", "refuted": "retains less"}.get(verdict, verdict)
-        lines.append(f"`{name}` against `seq_ft`, paired: {_fmt(*interval(diffs))} ({said}).")
+        lines.append(
+            f"`{name}` against `seq_ft`, paired: {_fmt(*interval(diffs))} ({said})"
+            f"{_gain_clause(_paired(runs, name, seeds, 'gain'))}."
+        )
     return "\n".join(lines) + "\n"
+
+
+MATCHED_GAIN = 0.05
+"""A retention comparison is at matched learning when the mean paired gain differs by at most
+this much (issue 21)."""
+
+
+def _gain_clause(gains: list[float]) -> str:
+    """The paired new-task gain difference, and whether the retention comparison is matched."""
+    if not gains:
+        return ""
+    mean = sum(gains) / len(gains)
+    matched = "matched" if abs(mean) <= MATCHED_GAIN else f"not matched (beyond {MATCHED_GAIN})"
+    return f", at a new-task gain {_fmt(*interval(gains))} from `seq_ft`'s: {matched}"
 
 
 def render_campaign(config: str) -> str:

@@ -316,3 +316,11 @@ def test_gcwm_gates_are_grouped_by_layer_and_seed() -> None:
     table = gcwm_gates.render_gates(["ta", "gcwm"], runs)
     assert "| `gcwm` | 2 | 0.900 ± 0.000 | 0.600 ± 1.271 | 0.500–0.900 |" in table
     assert "`ta`" not in table
+
+
+def test_a_retention_comparison_says_whether_its_gain_is_matched() -> None:
+    assert render_tables._gain_clause([]) == ""
+    near = render_tables._gain_clause([-0.04, -0.02, -0.03])
+    assert near.endswith(": matched") and "−0.030" in near
+    far = render_tables._gain_clause([-0.20, -0.15, -0.17])
+    assert "not matched (beyond 0.05)" in far
