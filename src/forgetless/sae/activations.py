@@ -229,7 +229,7 @@ def fit_sae(
     train_ex = sae_examples(cfg.tasks, cfg.n_per_task, cfg.seed, "train")
     eval_ex = sae_examples(cfg.tasks, cfg.n_per_task, cfg.seed, "eval")
     with cfg.precision(device):
-        train_acts, eval_acts = (
+        train_acts, eval_acts = [
             collect_mlp_outputs(
                 model,
                 example_features(examples, tokenizer, max_length),
@@ -238,7 +238,7 @@ def fit_sae(
                 skip_first=cfg.skip_first,
             )
             for examples in (train_ex, eval_ex)
-        )
+        ]
     sae, history = train_sae(train_acts, cfg, device, on_step)
     record = {
         "train": cfg.model_dump(mode="json"),
