@@ -1,17 +1,20 @@
-"""SFT against RL from the base through head circuits (issue 21, claim 000), tiny suite.
+"""SFT against RL from the base through head circuits (issue 21, claim 000), at either scale.
 
     python benchmarks/circuits_claims.py runs/claims-circuits
+    python benchmarks/circuits_claims.py runs/real-rl --scale real
 
-Reads the finished runs of ``benchmarks/configs/claims-circuits.yaml`` (variants ``sft`` and
-``rl-base``, one task), exports each seed's two models and finds the head circuits (DBM with hard
-straight-through masks) of the shipped base, the SFT model and the RL model, on two partly
-retained base behaviours (``facts``, ``upper``) and on the task itself. Writes one record per
-seed into ``benchmarks/results/claims-circuits/circuits.json`` (the commit, machine and DBM
-settings beside them); a re-run skips the seeds already kept.
+Reads the finished runs of the scale's campaign (``benchmarks/configs/claims-circuits.yaml`` on
+the tiny suite, ``real-rl.yaml`` on the real track; variants ``sft`` and ``rl-base``, one
+task), exports each seed's two models and finds the head circuits (DBM with hard
+straight-through masks) of the base, the SFT model and the RL model, on the scale's partly
+retained base behaviours and on the task itself. Writes one record per seed into the scale's
+``circuits.json`` under ``benchmarks/results/`` (the commit, machine, DBM settings, behaviours
+and task beside them); a re-run skips the seeds already kept.
 
-``render_circuits`` turns that file into the claims rows of ``docs/claims.md``, paired by seed.
-The control for circuit retention is a random circuit of the tuned model's size: it overlaps
-the base circuit by |C_model| / H heads on average, so a larger circuit alone raises retention.
+``render_circuits`` turns such a file into the claims rows of ``docs/claims.md``, paired by
+seed, over the behaviours and task the file names. The control for circuit retention is a
+random circuit of the tuned model's size: it overlaps the base circuit by |C_model| / H heads
+on average, so a larger circuit alone raises retention.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import argparse
 import json
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,15 +33,49 @@ from run_all import commit, machine
 from forgetless.bench.stats import paired_verdict
 from forgetless.core.storage import atomic_write_json
 
-OUT = Path(__file__).parent / "results" / "claims-circuits" / "circuits.json"
-BASE = Path(__file__).parents[1] / "src" / "forgetless" / "assets" / "tiny-base"
+RESULTS = Path(__file__).parent / "results"
 ARMS = {"sft": "sft", "rl": "rl-base"}
-BEHAVIOURS = ("facts", "upper")
-TASK = "reverse"
-DBM = {"steps": 200, "lr": 0.1, "sparsity": 1.0, "straight_through": True}
-"""Fixed on the tuning seed 100: at sparsity 1.0 the base circuits hold 8–9 of the 16 heads at
-faithfulness ≥ 0.97; at the default 0.05 they held 11–14, so retention was near 1 by size."""
-EXAMPLES = 32
+
+
+@dataclass(frozen=True)
+class Scale:
+    """Where one scale's circuits come from and how they are found."""
+
+    base: str
+    behaviours: tuple[str, ...]
+    task: str
+    dbm: dict[str, Any]
+    examples: int
+    out: Path
+    effects: str = "exact"
+    max_length: int = 64
+
+
+TINY = Scale(
+    base=str(Path(__file__).parents[1] / "src" / "forgetless" / "assets" / "tiny-base"),
+    behaviours=("facts", "upper"),
+    task="reverse",
+    dbm={"steps": 200, "lr": 0.1, "sparsity": 1.0, "straight_through": True},
+    examples=32,
+    out=RESULTS / "claims-circuits" / "circuits.json",
+)
+"""DBM fixed on the tuning seed 100: at sparsity 1.0 the base circuits hold 8–9 of the 16
+heads at faithfulness ≥ 0.97; at the default 0.05 they held 11–14, so retention was near 1 by
+size."""
+REAL = Scale(
+    base="smollm2-135m-instruct",
+    behaviours=("gk-short",),
+    task="it-topic",
+    dbm={"steps": 40, "lr": 0.25, "sparsity": 0.05, "straight_through": True},
+    examples=16,
+    out=RESULTS / "real-rl-circuits" / "circuits.json",
+    effects="attribution",
+    max_length=96,
+)
+"""The settings `diagnose circuits` was timed at on the real model (docs/real-track.md: first-
+order effects, a 40-step DBM at lr 0.25, about 18 minutes for the base and one model), with
+hard masks; the free answers are the behaviour SFT on it-topic partly keeps."""
+SCALES = {"tiny": TINY, "real": REAL}
 FAITHFUL = 0.5
 """The least mean faithfulness for an arm's circuits to be compared (see ``faithfulness``)."""
 KEPT = ("circuit_size", "faithfulness", "retention", "dcm", "n_specialists", "circuit")
@@ -50,21 +88,30 @@ def _rows(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {label: {k: row.get(k) for k in KEPT} for label, row in pairs}
 
 
-def diagnose_seed(runs: Path, seed: int) -> dict[str, Any]:
+def diagnose_seed(runs: Path, seed: int, scale: Scale) -> dict[str, Any]:
     """The three models' circuits on every behaviour, for one seed."""
     from forgetless.diagnostics.diagnose_circuits import DBMSettings, diagnose_circuits
     from forgetless.training.export import export_model
 
-    settings = DBMSettings(seed=seed, **DBM)  # type: ignore[arg-type]
+    settings = DBMSettings(seed=seed, **scale.dbm)
     record: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as scratch:
-        models = [BASE]
+        models = [Path(scale.base)]
         for arm, variant in ARMS.items():
             models.append(Path(scratch) / arm)
             export_model(runs / variant / f"s{seed}", models[-1])
-        for behaviour in (*BEHAVIOURS, TASK):
+        for behaviour in (*scale.behaviours, scale.task):
             out = Path(scratch) / f"{behaviour}.json"
-            data = diagnose_circuits(models, behaviour, out, EXAMPLES, seed, dbm=settings)
+            data = diagnose_circuits(
+                models,
+                behaviour,
+                out,
+                scale.examples,
+                seed,
+                dbm=settings,
+                max_length=scale.max_length,
+                effects=scale.effects,  # type: ignore[arg-type]
+            )
             record[behaviour] = _rows(data)
     return record
 
@@ -81,16 +128,27 @@ def finished_seeds(runs: Path) -> list[int]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("runs", type=Path, help="the campaign's --out folder")
+    parser.add_argument("--scale", choices=sorted(SCALES), default="tiny")
     args = parser.parse_args(argv)
-    kept = json.loads(OUT.read_text(encoding="utf-8")) if OUT.is_file() else {"seeds": {}}
+    scale = SCALES[args.scale]
+    out = scale.out
+    kept = json.loads(out.read_text(encoding="utf-8")) if out.is_file() else {"seeds": {}}
     for seed in finished_seeds(args.runs):
         if str(seed) in kept["seeds"]:
             continue
         print(f"seed {seed}: circuits of base, SFT and RL", file=sys.stderr, flush=True)
-        kept["seeds"][str(seed)] = diagnose_seed(args.runs, seed)
-        kept.update(commit=commit(), machine=machine(1), dbm=DBM, examples=EXAMPLES)
-        atomic_write_json(OUT, kept)
-    print(f"{len(kept['seeds'])} seeds kept in {OUT}")
+        kept["seeds"][str(seed)] = diagnose_seed(args.runs, seed, scale)
+        kept.update(
+            commit=commit(),
+            machine=machine(1),
+            dbm=scale.dbm,
+            examples=scale.examples,
+            effects=scale.effects,
+            behaviours=list(scale.behaviours),
+            task=scale.task,
+        )
+        atomic_write_json(out, kept)
+    print(f"{len(kept['seeds'])} seeds kept in {out}")
 
 
 def _heads(row: dict[str, Any]) -> int:
@@ -158,17 +216,23 @@ def render_circuits(folder: Path) -> str:
     seeds = list(kept["seeds"].values())
     if not seeds:
         lines.append("| (no circuits kept yet) | | | **not measured** |")
-    return "\n".join(lines + render_circuits_rows(seeds)) + "\n"
+    behaviours = tuple(kept.get("behaviours", TINY.behaviours))
+    task = kept.get("task", TINY.task)
+    return "\n".join(lines + render_circuits_rows(seeds, behaviours, task)) + "\n"
 
 
-def render_circuits_rows(seeds: list[dict[str, Any]]) -> list[str]:
+def render_circuits_rows(
+    seeds: list[dict[str, Any]],
+    behaviours: tuple[str, ...] = TINY.behaviours,
+    task: str = TINY.task,
+) -> list[str]:
     """Every claim row over the kept seeds (none without seeds)."""
     if not seeds:
         return []
-    lines = [row for behaviour in BEHAVIOURS for row in behaviour_rows(seeds, behaviour)]
-    rl, sft = _paired(seeds, TASK, lambda r: float(r["circuit_size"]))
-    claim = f"SFT compresses the `{TASK}` task into fewer heads than RL"
-    lines.append(_row(claim, "task circuit size (heads)", rl, sft, 1, *faithfulness(seeds, TASK)))
+    lines = [row for behaviour in behaviours for row in behaviour_rows(seeds, behaviour)]
+    rl, sft = _paired(seeds, task, lambda r: float(r["circuit_size"]))
+    claim = f"SFT compresses the `{task}` task into fewer heads than RL"
+    lines.append(_row(claim, "task circuit size (heads)", rl, sft, 1, *faithfulness(seeds, task)))
     return lines
 
 

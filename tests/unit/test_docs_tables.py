@@ -301,6 +301,21 @@ def test_circuits_claims_control_retention_by_circuit_size() -> None:
     assert task_row.endswith("**not testable here** |")
 
 
+def test_circuits_claims_render_the_behaviours_and_task_their_file_names(tmp_path: Path) -> None:
+    import circuits_claims
+
+    one = {"circuit_size": 4, "retention": 0.5, "dcm": 1.0, "circuit": [[1, 0]], "faithfulness": 1}
+    arms = {"rl": one, "sft": one}
+    kept = {"seeds": {"0": {"gk-short": arms, "it-topic": arms}}, "behaviours": ["gk-short"],
+            "task": "it-topic"}  # fmt: skip
+    (tmp_path / "circuits.json").write_text(json.dumps(kept), encoding="utf-8")
+    table = circuits_claims.render_circuits(tmp_path)
+    assert "`gk-short` circuit" in table and "the `it-topic` task" in table
+    assert "facts" not in table and "(1 seeds)" in table
+    assert circuits_claims.REAL.base == "smollm2-135m-instruct"
+    assert circuits_claims.TINY.out.parent.name == "claims-circuits"
+
+
 def test_gcwm_gates_are_grouped_by_layer_and_seed() -> None:
     import gcwm_gates
 
