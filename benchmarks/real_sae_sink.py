@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 from run_all import commit, machine  # benchmarks/ is on sys.path
 from torch import Tensor
 
@@ -36,10 +37,16 @@ from forgetless.sae.gated import load_sae
 from forgetless.sae.train import SAETrainConfig, sae_metrics
 
 OUT = Path(__file__).parent / "results" / "real_sae_sink.json"
-MODEL = "smollm2-135m-instruct"
-SOURCES = ["it-arith", "it-steps", "it-sortwords", "it-extract"]
-CAMPAIGN_SAE = SAETrainConfig(tasks=list(SOURCES), steps=1500, expansion=4)
-MAX_LENGTH = 96
+CAMPAIGN = Path(__file__).parent / "configs" / "real.yaml"
+
+
+def campaign_sae() -> tuple[str, SAETrainConfig, int]:
+    """The real campaign's model, the SAE settings its ``sae_fd`` variant trains, and its
+    max_length: what names the SAE its runs read."""
+    data = yaml.safe_load(CAMPAIGN.read_text(encoding="utf-8"))
+    variant = next(v for v in data["bench"]["variants"] if v["name"] == "sae_fd")
+    settings = SAETrainConfig.model_validate(variant["method"]["sae"])
+    return data["model"]["name_or_path"], settings, data["train"]["max_length"]
 
 
 def explained_by_position(acts: Tensor, first: Tensor) -> float:
@@ -68,14 +75,16 @@ def main() -> None:
     args = parser.parse_args()
     threads = int(os.environ.get("OMP_NUM_THREADS", os.cpu_count() or 1))
     torch.set_num_threads(threads)
+    name, settings, max_length = campaign_sae()
     model, tokenizer = load_model_and_tokenizer(
-        ModelConfig.model_validate({"name_or_path": MODEL}), resolve_source(MODEL)
+        ModelConfig.model_validate({"name_or_path": name}), resolve_source(name)
     )
     folder = args.sae_dir or shared_sae_dir(
-        model_fingerprint(model, tokenizer), CAMPAIGN_SAE, MAX_LENGTH
+        model_fingerprint(model, tokenizer), settings, max_length
     )
     sae = load_sae(folder)
-    features = example_features(sae_examples(SOURCES, args.n, 0, "eval"), tokenizer, MAX_LENGTH)
+    examples = sae_examples(settings.tasks, args.n, 0, "eval")
+    features = example_features(examples, tokenizer, max_length)
     acts = collect_mlp_outputs(model, features, tokenizer.pad_token_id, torch.device("cpu"))
     first = torch.cat(
         [torch.arange(len(f["input_ids"])) == 0 for f in features]
