@@ -14,6 +14,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 from forgetless.cli.app import main
+from forgetless.errors import ConfigError
 from forgetless.merging import ties_merge
 from forgetless.merging.config import MergeConfig
 from forgetless.merging.streaming import StreamWriter, stream_merge
@@ -132,9 +133,23 @@ def test_weight_zero_returns_the_base(
     cfg = _config(tiny_model_dir, [tasks["full1"], tasks["adapter"]], method, [0.0, 0.0])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        import forgetless.experimental.gcwm_merge  # noqa: F401  (registers gcwm)
+
         stream_merge(cfg, tmp_path / "o")
     got, base = _weights(tmp_path / "o"), _weights(tiny_model_dir)
     assert all(torch.allclose(got[n], base[n], atol=1e-7) for n in base)
+
+
+def test_an_unregistered_experimental_rule_is_one_line_before_any_write(
+    tiny_model_dir: Path, tasks: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from forgetless.merging import streaming
+
+    monkeypatch.delitem(streaming.TENSOR_RULES, "gcwm", raising=False)
+    cfg = _config(tiny_model_dir, [tasks["full1"]], {"name": "gcwm", "rank": 4})
+    with pytest.raises(ConfigError, match=r"import forgetless\.experimental\.gcwm_merge") as e:
+        stream_merge(cfg, tmp_path / "o")
+    assert "\n" not in str(e.value) and not (tmp_path / "o").exists()
 
 
 def test_opcm_stream_keeps_the_mean_task_norm(

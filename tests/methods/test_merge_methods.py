@@ -107,7 +107,7 @@ def test_opcm_keeps_the_mean_norm_and_projects_the_second_update() -> None:
 
 
 def test_gcwm_merges_the_active_updates_with_the_correction() -> None:
-    from forgetless.experimental.gcwm import gcwm_layer
+    from forgetless.experimental.gcwm import gcwm_layer, options_of
 
     model = Tiny()
     start, updates = _params(model), _updates(model, 2)
@@ -117,7 +117,7 @@ def test_gcwm_merges_the_active_updates_with_the_correction() -> None:
         torch.allclose(p, start[n] + updates[0][n], atol=1e-5) for n, p in model.named_parameters()
     )
     stats = _run(method, model, updates[1:])
-    opts = method.config.options()  # type: ignore[attr-defined]
+    opts = options_of(method.config)  # type: ignore[arg-type]
     factors = [
         LowRank(u["proj.weight"].double(), torch.eye(6, dtype=torch.float64)) for u in updates
     ]

@@ -1,6 +1,7 @@
 """The house has floors that only look down: no import runs from a module to one on a higher
 floor, and no modules import each other in a circle (TYPE_CHECKING and function-level imports
-count too). The floors, from the ground up, are the ones docs/architecture.md describes."""
+count too, and so does ``importlib.import_module`` of a module named in the code). The floors,
+from the ground up, are the ones docs/architecture.md describes."""
 
 from __future__ import annotations
 
@@ -61,6 +62,18 @@ def _target(node: ast.ImportFrom, alias: ast.alias) -> str:
     return full if as_path.with_suffix(".py").is_file() or as_path.is_dir() else str(node.module)
 
 
+def _imported_by_name(node: ast.AST) -> str | None:
+    """The module of an ``import_module("forgetless…")`` call with a literal name, or None."""
+    if not (isinstance(node, ast.Call) and node.args):
+        return None
+    func, arg = node.func, node.args[0]
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+    literal = isinstance(arg, ast.Constant) and isinstance(arg.value, str)
+    if name == "import_module" and literal and str(arg.value).startswith("forgetless"):  # type: ignore[union-attr]
+        return str(arg.value)  # type: ignore[union-attr]
+    return None
+
+
 def imports() -> dict[str, set[str]]:
     """Every module's forgetless imports, wherever they stand in the file."""
     graph: dict[str, set[str]] = {}
@@ -71,6 +84,8 @@ def imports() -> dict[str, set[str]]:
                 found |= {_target(node, a) for a in node.names}
             elif isinstance(node, ast.Import):
                 found |= {a.name for a in node.names if a.name.startswith("forgetless")}
+            elif (named := _imported_by_name(node)) is not None:
+                found.add(named)
         graph[module_name(path)] = found
     return graph
 
@@ -118,6 +133,9 @@ def test_the_check_catches_an_upward_import_and_a_circle() -> None:
     assert floor("forgetless.core.storage") < floor("forgetless.contract.method")
     assert _circle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _circle({"a": {"b"}, "b": set()}) is None
+    call = ast.parse('importlib.import_module("forgetless.experimental.gcwm")').body[0]
+    assert _imported_by_name(call.value) == "forgetless.experimental.gcwm"  # type: ignore[attr-defined]
+    assert _imported_by_name(ast.parse("import_module(name)").body[0].value) is None  # type: ignore[attr-defined]
 
 
 def test_every_module_has_a_floor() -> None:

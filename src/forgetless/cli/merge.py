@@ -20,6 +20,8 @@ def merge(
     from forgetless.merging.streaming import stream_merge
 
     cfg = load_merge_config(config)
+    if cfg.method.name == "gcwm":
+        import forgetless.experimental.gcwm_merge  # noqa: F401  (registers the rule; warns)
     stats = stream_merge(cfg, out)
     extra = ""
     if stats.layers:

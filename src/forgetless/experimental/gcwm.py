@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Literal
 
 import torch
@@ -35,6 +35,7 @@ from forgetless.diagnostics.geometry import (
     normalized_bw_sq,
     trace_normalized,
 )
+from forgetless.merging.config import GCWMParams
 
 Metric = Literal["barycenter", "mean"]
 GateDirection = Literal["hold_back", "amplify"]
@@ -58,6 +59,12 @@ class GCWMOptions:
     max_iter: int = 50
     tol: float = 1e-6
     rcond: float = 1e-10
+
+
+def options_of(params: GCWMParams) -> GCWMOptions:
+    """The math-level options of a config's GCWM knobs (the merge's and the method's alike)."""
+    shared = {f.name for f in fields(GCWMOptions)} & set(type(params).model_fields)
+    return GCWMOptions(**{name: getattr(params, name) for name in shared})
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ method: {name: ties, density: 0.2, scaling: 1.0}
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
 
@@ -76,25 +76,6 @@ class GCWMParams(BaseModel):
     )
     max_iter: int = Field(50, ge=1, description="Barycenter fixed-point iterations at most.")
     tol: float = Field(1e-6, gt=0, description="Barycenter stop: relative Frobenius change.")
-
-    def options(self) -> Any:
-        """The math-level ``GCWMOptions`` (imports the experimental module, which warns once)."""
-        from forgetless.merging import experimental_gcwm
-
-        return experimental_gcwm().GCWMOptions(
-            metric=self.metric,
-            conflict_cancellation=self.conflict_cancellation,
-            gate_direction=self.gate_direction,
-            gate_shape=self.gate_shape,
-            threshold=self.threshold,
-            temperature=self.temperature,
-            strength=self.strength,
-            conflict_trace_normalized=self.conflict_trace_normalized,
-            metric_floor=self.metric_floor,
-            consensus_ridge=self.consensus_ridge,
-            max_iter=self.max_iter,
-            tol=self.tol,
-        )
 
 
 class TaskArithmeticParams(BaseModel):

@@ -23,7 +23,6 @@ from forgetless.core.lowrank import LowRank
 from forgetless.core.storage import temp_file_name, tensor_shapes
 from forgetless.core.tensor_files import TIED, WEIGHTS_FILE, TensorFiles, adapter_terms
 from forgetless.errors import ConfigError
-from forgetless.merging import experimental_gcwm
 from forgetless.merging.blocks import is_block_matrix
 from forgetless.merging.config import (
     MergeConfig,
@@ -262,23 +261,32 @@ def _dare(params: Any, t: TensorMerge) -> torch.Tensor:
     return float(params.scaling) * weighted_sum(kept, t.weights)
 
 
-def _gcwm(params: Any, t: TensorMerge) -> torch.Tensor:
-    plain = weighted_sum(t.dense(), t.weights)
-    if not is_block_matrix(t.name, t.base):
-        return plain
-    factored = [_factored(d, t.base, params.rank) for d in t.deltas]
-    layer = experimental_gcwm().gcwm_layer(factored, t.weights, params.options())
-    t.stats.layers[t.name] = {"conflict": layer.conflict, "gate": layer.gate}
-    return plain + layer.correction.dense().to(COMPUTE)
+TensorRule = Callable[[Any, TensorMerge], torch.Tensor]
 
-
-TENSOR_RULES: dict[str, Callable[[Any, TensorMerge], torch.Tensor]] = {
+TENSOR_RULES: dict[str, TensorRule] = {
     "task_arithmetic": _task_arithmetic,
     "ties": _ties,
     "dare": _dare,
-    "gcwm": _gcwm,
 }
 """The per-tensor merge of every rule but OPCM, whose λ needs a first pass over the model."""
+EXPERIMENTAL_RULES = {"gcwm": "forgetless.experimental.gcwm_merge"}
+"""Rules that register themselves from the experimental corner, and the module that does."""
+
+
+def register_tensor_rule(name: str, rule: TensorRule) -> None:
+    """Add the per-tensor merge of the config method ``name`` (an experimental module does)."""
+    TENSOR_RULES[name] = rule
+
+
+def tensor_rule(name: str) -> TensorRule:
+    """The registered rule of ``name``; one ConfigError line when its module was not imported."""
+    if name not in TENSOR_RULES:
+        module = EXPERIMENTAL_RULES.get(name, "the module that registers it")
+        raise ConfigError(
+            f"method.name {name!r}: this merge rule is experimental and not registered; "
+            f"import {module} first (the `forgetless merge` command does)"
+        )
+    return TENSOR_RULES[name]
 
 
 def merge_update(
@@ -292,19 +300,7 @@ def merge_update(
     """The merged update of one tensor (float32), by the rule ``cfg.method`` names."""
     weights = [t.weight for t in cfg.tasks]
     tensor = TensorMerge(name, index, base, deltas, weights, stats)
-    return TENSOR_RULES[cfg.method.name](cfg.method, tensor)
-
-
-def _factored(delta: Delta | None, base: torch.Tensor, rank: int) -> LowRank:
-    if isinstance(delta, LowRank):
-        return delta
-    if delta is None:
-        m, d = base.shape
-        return LowRank(
-            torch.zeros(m, 0, dtype=torch.float64), torch.zeros(0, d, dtype=torch.float64)
-        )
-    factored: LowRank = experimental_gcwm().truncate(delta, rank)[0]
-    return factored
+    return tensor_rule(cfg.method.name)(cfg.method, tensor)
 
 
 def _opcm_layer(
@@ -355,6 +351,8 @@ def stream_merge(
     shapes = {name: shape for name, _, shape in specs}
     for source in sources:  # every check before the first byte is written
         source.check_against(shapes)
+    if not isinstance(cfg.method, OPCMMerge):
+        tensor_rule(cfg.method.name)
     if not (cfg.base_model / "config.json").is_file():
         raise ConfigError(f"base_model: {cfg.base_model} has no config.json")
     out.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,7 @@ from forgetless.contract.method import (
 )
 from forgetless.contract.plan import TrainStats
 from forgetless.diagnostics.geometry import LowRank
-from forgetless.experimental.gcwm import gcwm_layer, truncate
+from forgetless.experimental.gcwm import gcwm_layer, options_of, truncate
 from forgetless.merging.blocks import is_block_matrix
 from forgetless.merging.config import GCWMParams
 from forgetless.methods.continual_merge import Tensors, train_then_merge
@@ -61,7 +61,7 @@ class GCWM(Method[GCWMConfig]):
         details: dict[str, Any] = {}
 
         def increment(deltas: Tensors, _: Stage) -> Tensors:
-            opts = self.config.options()
+            opts = options_of(self.config)
             own: dict[str, dict[str, Any]] = {}
             out, conflicts, gates, per_layer = {}, [], [], {}
             for name, delta in deltas.items():
