@@ -20,6 +20,7 @@ on average, so a larger circuit alone raises retention.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import sys
 import tempfile
@@ -125,19 +126,15 @@ def finished_seeds(runs: Path) -> list[int]:
     return seeds
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("runs", type=Path, help="the campaign's --out folder")
-    parser.add_argument("--scale", choices=sorted(SCALES), default="tiny")
-    args = parser.parse_args(argv)
-    scale = SCALES[args.scale]
-    out = scale.out
-    kept = json.loads(out.read_text(encoding="utf-8")) if out.is_file() else {"seeds": {}}
-    for seed in finished_seeds(args.runs):
-        if str(seed) in kept["seeds"]:
-            continue
-        print(f"seed {seed}: circuits of base, SFT and RL", file=sys.stderr, flush=True)
-        kept["seeds"][str(seed)] = diagnose_seed(args.runs, seed, scale)
+def keep(out: Path, seed: int, record: dict[str, Any], scale: Scale) -> int:
+    """Add one seed's record to ``out`` under a lock, re-reading the file first, so that
+    processes running other seeds side by side never drop each other's records; the count
+    kept."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.with_suffix(".lock"), "w", encoding="utf-8") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        kept = json.loads(out.read_text(encoding="utf-8")) if out.is_file() else {"seeds": {}}
+        kept["seeds"][str(seed)] = record
         kept.update(
             commit=commit(),
             machine=machine(1),
@@ -148,7 +145,30 @@ def main(argv: list[str] | None = None) -> None:
             task=scale.task,
         )
         atomic_write_json(out, kept)
-    print(f"{len(kept['seeds'])} seeds kept in {out}")
+        return len(kept["seeds"])
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("runs", type=Path, help="the campaign's --out folder")
+    parser.add_argument("--scale", choices=sorted(SCALES), default="tiny")
+    parser.add_argument(
+        "--seeds", type=int, nargs="+", help="only these seeds (one process per seed in parallel)"
+    )
+    args = parser.parse_args(argv)
+    scale = SCALES[args.scale]
+    out = scale.out
+    kept = json.loads(out.read_text(encoding="utf-8")) if out.is_file() else {"seeds": {}}
+    wanted = finished_seeds(args.runs)
+    if args.seeds:
+        wanted = [s for s in wanted if s in args.seeds]
+    for seed in wanted:
+        if str(seed) in kept["seeds"]:
+            continue
+        print(f"seed {seed}: circuits of base, SFT and RL", file=sys.stderr, flush=True)
+        count = keep(out, seed, diagnose_seed(args.runs, seed, scale), scale)
+        print(f"seed {seed} kept in {out} ({count} seeds)", file=sys.stderr, flush=True)
+    print(f"{len(wanted)} finished seeds asked for; {out}")
 
 
 def _heads(row: dict[str, Any]) -> int:

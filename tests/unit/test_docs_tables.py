@@ -316,6 +316,18 @@ def test_circuits_claims_render_the_behaviours_and_task_their_file_names(tmp_pat
     assert circuits_claims.TINY.out.parent.name == "claims-circuits"
 
 
+def test_circuits_claims_seeds_kept_apart_both_survive(tmp_path: Path) -> None:
+    import circuits_claims
+
+    out = tmp_path / "circuits.json"
+    out.write_text(json.dumps({"seeds": {"0": {"x": 0}}}), encoding="utf-8")
+    circuits_claims.keep(out, 2, {"x": 2}, circuits_claims.REAL)
+    assert circuits_claims.keep(out, 1, {"x": 1}, circuits_claims.REAL) == 3
+    kept = json.loads(out.read_text(encoding="utf-8"))
+    assert kept["seeds"] == {"0": {"x": 0}, "1": {"x": 1}, "2": {"x": 2}}
+    assert kept["task"] == "it-topic" and kept["effects"] == "attribution"
+
+
 def test_gcwm_gates_are_grouped_by_layer_and_seed() -> None:
     import gcwm_gates
 
