@@ -117,11 +117,17 @@ def diagnose_seed(runs: Path, seed: int, scale: Scale) -> dict[str, Any]:
     return record
 
 
+def _complete(run: Path) -> bool:
+    path = run / "results.json"
+    return path.is_file() and json.loads(path.read_text("utf-8")).get("status") == "complete"
+
+
 def finished_seeds(runs: Path) -> list[int]:
+    """The seeds whose SFT and RL runs have both finished every task (a run in progress
+    already has a ``results.json``)."""
     seeds = []
     for folder in sorted((runs / ARMS["sft"]).glob("s*")):
-        twin = runs / ARMS["rl"] / folder.name
-        if (folder / "results.json").is_file() and (twin / "results.json").is_file():
+        if _complete(folder) and _complete(runs / ARMS["rl"] / folder.name):
             seeds.append(int(folder.name[1:]))
     return seeds
 

@@ -316,6 +316,16 @@ def test_circuits_claims_render_the_behaviours_and_task_their_file_names(tmp_pat
     assert circuits_claims.TINY.out.parent.name == "claims-circuits"
 
 
+def test_circuits_claims_wait_for_both_runs_to_finish(tmp_path: Path) -> None:
+    import circuits_claims
+
+    for arm, seed, status in [("sft", 0, "complete"), ("rl-base", 0, "complete"),
+                              ("sft", 1, "complete"), ("rl-base", 1, "running")]:  # fmt: skip
+        (tmp_path / arm / f"s{seed}").mkdir(parents=True)
+        (tmp_path / arm / f"s{seed}" / "results.json").write_text(json.dumps({"status": status}))
+    assert circuits_claims.finished_seeds(tmp_path) == [0]
+
+
 def test_circuits_claims_seeds_kept_apart_both_survive(tmp_path: Path) -> None:
     import circuits_claims
 
