@@ -202,9 +202,10 @@ def _row(
     faithful: bool = True,
 ) -> str:
     diffs = [a - b for a, b in zip(rl, sft, strict=True)]
+    seeds = f"{len(diffs)} seed{'' if len(diffs) == 1 else 's'}"
     measured = (
         f"{label}: RL {interval_cell(rl)} vs SFT {interval_cell(sft)}; "
-        f"paired {interval_cell(diffs)} ({len(diffs)} seeds){faithful_note}"
+        f"paired {interval_cell(diffs)} ({seeds}){faithful_note}"
     )
     verdict = paired_verdict(diffs, expected) if faithful else "not testable here"
     return f"| {claim} | {SOURCE} | {measured} | **{verdict}** |"

@@ -311,7 +311,7 @@ def test_circuits_claims_render_the_behaviours_and_task_their_file_names(tmp_pat
     (tmp_path / "circuits.json").write_text(json.dumps(kept), encoding="utf-8")
     table = circuits_claims.render_circuits(tmp_path)
     assert "`gk-short` circuit" in table and "the `it-topic` task" in table
-    assert "facts" not in table and "(1 seeds)" in table
+    assert "facts" not in table and "(1 seed)" in table
     assert circuits_claims.REAL.base == "smollm2-135m-instruct"
     assert circuits_claims.TINY.out.parent.name == "claims-circuits"
 
