@@ -357,7 +357,10 @@ def test_gcwm_gates_are_grouped_by_layer_and_seed() -> None:
 
 def test_a_retention_comparison_says_whether_its_gain_is_matched() -> None:
     assert render_tables._gain_clause([]) == ""
-    near = render_tables._gain_clause([-0.04, -0.02, -0.03])
-    assert near.endswith(": matched") and "−0.030" in near
+    near = render_tables._gain_clause([-0.01, -0.02, -0.015])
+    assert near.endswith(": matched") and "−0.015" in near
+    wide = render_tables._gain_clause([0.479, -0.083, -0.354])  # mean 0.014, seeds far apart
+    assert wide.endswith("matched on average only (the interval reaches past 0.05)")
+    assert render_tables.gain_match([0.01]) == "matched on average only (one seed)"
     far = render_tables._gain_clause([-0.20, -0.15, -0.17])
     assert "not matched (beyond 0.05)" in far
