@@ -31,6 +31,7 @@ from typing import Any
 from claims_table import interval_cell  # benchmarks/ is on sys.path
 from run_all import commit, machine
 
+from forgetless.bench.cluster import finished_results
 from forgetless.bench.stats import paired_verdict
 from forgetless.core.storage import atomic_write_json
 
@@ -117,17 +118,13 @@ def diagnose_seed(runs: Path, seed: int, scale: Scale) -> dict[str, Any]:
     return record
 
 
-def _complete(run: Path) -> bool:
-    path = run / "results.json"
-    return path.is_file() and json.loads(path.read_text("utf-8")).get("status") == "complete"
-
-
 def finished_seeds(runs: Path) -> list[int]:
     """The seeds whose SFT and RL runs have both finished every task (a run in progress
     already has a ``results.json``)."""
     seeds = []
     for folder in sorted((runs / ARMS["sft"]).glob("s*")):
-        if _complete(folder) and _complete(runs / ARMS["rl"] / folder.name):
+        twin = runs / ARMS["rl"] / folder.name
+        if finished_results(folder) is not None and finished_results(twin) is not None:
             seeds.append(int(folder.name[1:]))
     return seeds
 
