@@ -197,12 +197,13 @@ def _row(
     expected: int,
     faithful_note: str = "",
     faithful: bool = True,
+    digits: int = 3,
 ) -> str:
     diffs = [a - b for a, b in zip(rl, sft, strict=True)]
     seeds = f"{len(diffs)} seed{'' if len(diffs) == 1 else 's'}"
+    cells = [interval_cell(values, digits) for values in (rl, sft, diffs)]
     measured = (
-        f"{label}: RL {interval_cell(rl)} vs SFT {interval_cell(sft)}; "
-        f"paired {interval_cell(diffs)} ({seeds}){faithful_note}"
+        f"{label}: RL {cells[0]} vs SFT {cells[1]}; paired {cells[2]} ({seeds}){faithful_note}"
     )
     verdict = paired_verdict(diffs, expected) if faithful else "not testable here"
     return f"| {claim} | {SOURCE} | {measured} | **{verdict}** |"
@@ -211,10 +212,17 @@ def _row(
 def faithfulness(seeds: list[dict[str, Any]], behaviour: str) -> tuple[str, bool]:
     """Both arms' faithfulness as a note, and whether both means reach ``FAITHFUL``: a circuit
     that does not reproduce the behaviour is no circuit of it, so its size or overlap says
-    nothing."""
-    rl, sft = _paired(seeds, behaviour, lambda r: float(r["faithfulness"] or 0.0))
+    nothing. Each seed's ratio is capped at 1 (all of the behaviour): where the full model barely
+    beats the patched one, the ratio's denominator is near zero and one seed's value would carry
+    the mean."""
+    rl, sft = _paired(seeds, behaviour, capped_faithfulness)
     ok = min(sum(rl) / len(rl), sum(sft) / len(sft)) >= FAITHFUL
     return f"; faithfulness RL {interval_cell(rl)}, SFT {interval_cell(sft)}", ok
+
+
+def capped_faithfulness(row: dict[str, Any]) -> float:
+    """A circuit's faithfulness in [0, 1]; an undefined ratio (None) counts as none."""
+    return min(max(float(row["faithfulness"] or 0.0), 0.0), 1.0)
 
 
 def behaviour_rows(seeds: list[dict[str, Any]], behaviour: str) -> list[str]:
@@ -256,7 +264,8 @@ def render_circuits_rows(
     lines = [row for behaviour in behaviours for row in behaviour_rows(seeds, behaviour)]
     rl, sft = _paired(seeds, task, lambda r: float(r["circuit_size"]))
     claim = f"SFT compresses the `{task}` task into fewer heads than RL"
-    lines.append(_row(claim, "task circuit size (heads)", rl, sft, 1, *faithfulness(seeds, task)))
+    note, faithful = faithfulness(seeds, task)
+    lines.append(_row(claim, "task circuit size (heads)", rl, sft, 1, note, faithful, digits=1))
     return lines
 
 

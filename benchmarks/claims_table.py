@@ -41,18 +41,18 @@ def bench_runs(results: Path, name: str) -> Runs:
     return {(r["variant"], int(r["seed"])): r for r in bench["runs"]}
 
 
-def fmt_interval(mean: float, half: float, n: int) -> str:
+def fmt_interval(mean: float, half: float, n: int, digits: int = 3) -> str:
     """A mean with the half-width of its 95% interval (the mean alone for one value)."""
-    text = f"{mean:.3f}".replace("-", "−")
-    return text if n < 2 else f"{text} ± {half:.3f}"
+    text = f"{mean:.{digits}f}".replace("-", "−")
+    return text if n < 2 else f"{text} ± {half:.{digits}f}"
 
 
-def interval_cell(values: list[float]) -> str:
+def interval_cell(values: list[float], digits: int = 3) -> str:
     """``values``' mean and 95% interval as a table cell ("n/a" for none)."""
     found = mean_interval(values)
     if found is None:
         return "n/a"
-    return fmt_interval(found.mean, (found.high - found.low) / 2, found.n)
+    return fmt_interval(found.mean, (found.high - found.low) / 2, found.n, digits)
 
 
 def claim_row(

@@ -299,6 +299,11 @@ def test_circuits_claims_control_retention_by_circuit_size() -> None:
     task_row = circuits_claims.render_circuits_rows(seeds)[-1]
     assert "faithfulness RL 1.000 ± 0.000, SFT 0.100 ± 0.000" in task_row
     assert task_row.endswith("**not testable here** |")
+    assert "task circuit size (heads): RL 12.0 ± 0.0 vs SFT 4.0 ± 0.0" in task_row
+    # one seed's ill-conditioned ratio cannot carry an unfaithful arm past the gate
+    seeds[0]["reverse"]["sft"]["faithfulness"] = 9.4
+    task_row = circuits_claims.render_circuits_rows(seeds)[-1]
+    assert "SFT 0.400 ± 1.291" in task_row and task_row.endswith("**not testable here** |")
 
 
 def test_circuits_claims_render_the_behaviours_and_task_their_file_names(tmp_path: Path) -> None:
