@@ -299,8 +299,11 @@ def render_campaign(config: str) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     lines.append(_campaign_verdicts(variants, seeds, runs).rstrip("\n"))
     missing = [f"{v} s{s}" for v in variants for s in seeds if (v, s) not in runs]
-    note = f"\nStill missing ({len(missing)} of {len(variants) * len(seeds)} runs): " + (
-        ", ".join(missing) if missing else "none"
+    total = len(variants) * len(seeds)
+    note = (
+        f"\nStill missing ({len(missing)} of {total} runs): {', '.join(missing)}"
+        if missing
+        else f"\nAll {total} runs are kept"
     )
     if stale:
         note += (
