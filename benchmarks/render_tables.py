@@ -474,7 +474,8 @@ def main() -> None:
             stale.append(path)
             if not args.check:
                 path.write_text(new, encoding="utf-8")
-                draw_frontiers(new)
+        if not args.check:
+            draw_frontiers(new)
     if args.check and stale:
         print("stale tables: " + ", ".join(str(p) for p in stale), file=sys.stderr)
         raise SystemExit(1)

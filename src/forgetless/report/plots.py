@@ -150,6 +150,15 @@ def pareto_front(points: list[tuple[float, float]]) -> list[int]:
     ]
 
 
+MARKERS = "osD^v<>P"
+
+
+def point_style(index: int) -> tuple[int, str]:
+    """The ``index``-th variant's tab10 colour and marker: unique for the first 80 variants,
+    so a campaign with more than ten never draws two variants alike."""
+    return index % 10, MARKERS[(index // 10) % len(MARKERS)]
+
+
 def tradeoff(rows: list[dict[str, Any]], path: Path) -> Path:
     """New-task gain against probe retention, one point per variant, Pareto front marked.
 
@@ -158,18 +167,19 @@ def tradeoff(rows: list[dict[str, Any]], path: Path) -> Path:
     usable = [r for r in rows if r.get("gain") and r.get("retention")]
     points = [(r["retention"]["mean"], r["gain"]["mean"]) for r in usable]
     front = set(pareto_front(points))
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    fig, ax = plt.subplots(figsize=(9.5, 4.8))
     colours = plt.get_cmap("tab10")
     for i, (row, (x, y)) in enumerate(zip(usable, points, strict=True)):
         xerr = [[x - row["retention"]["low"]], [row["retention"]["high"] - x]]
         yerr = [[y - row["gain"]["low"]], [row["gain"]["high"] - y]]
-        colour = colours(i % 10)
+        colour_index, marker = point_style(i)
+        colour = colours(colour_index)
         ax.errorbar(
             x,
             y,
             xerr=xerr,
             yerr=yerr,
-            fmt="o",
+            fmt=marker,
             capsize=3,
             color=colour,
             markersize=8,
@@ -190,7 +200,7 @@ def tradeoff(rows: list[dict[str, Any]], path: Path) -> Path:
     ax.set_ylabel("gain on new tasks (plasticity)")
     ax.set_title("Learning vs keeping (95% intervals)")
     if usable:
-        ax.legend(fontsize=8, loc="best")
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     else:
         message = (
             "no variant has both a gain and a probe retention\n"
