@@ -162,7 +162,8 @@ def point_style(index: int) -> tuple[int, str]:
 def tradeoff(rows: list[dict[str, Any]], path: Path) -> Path:
     """New-task gain against probe retention, one point per variant, Pareto front marked.
 
-    Each variant has its own colour in the legend; points on the front are filled, others hollow.
+    Each variant has its own colour and marker (``point_style``) in the legend; points on the
+    front are filled, others hollow.
     """
     usable = [r for r in rows if r.get("gain") and r.get("retention")]
     points = [(r["retention"]["mean"], r["gain"]["mean"]) for r in usable]
