@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from forgetless.cli.app import app
 from forgetless.config.loading import validate_config
+from forgetless.errors import ConfigError
 from forgetless.training.export import (
     RunFolderError,
     checkpoint_model,
@@ -63,7 +64,7 @@ def test_export_refuses_an_existing_folder_and_a_bad_task(lora_run: Path, tmp_pa
     taken = tmp_path / "taken"
     taken.mkdir()
     (taken / "keep.txt").write_text("mine")
-    with pytest.raises(RunFolderError, match="already exists"):
+    with pytest.raises(ConfigError, match="not written by forgetless"):
         export_model(lora_run, taken)
     assert (taken / "keep.txt").read_text() == "mine"
     with pytest.raises(RunFolderError, match=r"--task 3 is not a finished task \(1\.\.2\)"):

@@ -126,7 +126,7 @@ def test_merge_refuses_an_out_that_is_one_of_its_inputs(
     before = snapshot(task)
     config = merge_config(tmp_path, tiny_model_dir, [task])
     code, err = cli(capsys, "merge", str(config), "--out", str(task))
-    assert code == 2 and "is the merge's input tasks.0" in one_line(err)
+    assert code == 2 and "is the input tasks.0" in one_line(err)
     assert snapshot(task) == before
     code, err = cli(capsys, "merge", str(config), "--out", str(tiny_model_dir))
     assert code == 2 and "base_model" in one_line(err)
@@ -516,7 +516,7 @@ HOLDER = textwrap.dedent(
     import sys, time
     from pathlib import Path
     from forgetless.training.outdir import OutDirLock
-    with OutDirLock(Path(sys.argv[1])):
+    with OutDirLock(Path(sys.argv[1]), *sys.argv[2:]):
         print("locked", flush=True)
         time.sleep(600)
     """

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +25,33 @@ from forgetless.bench.variants import ClusterSection, Variant, run_folder_name, 
 from forgetless.config.loading import apply_override, validate_config
 from forgetless.config.schema import RunConfig
 from forgetless.contract import method_class
+from forgetless.core.ownership import mark_folder, marker_record
 from forgetless.core.storage import atomic_write_json
+from forgetless.errors import ConfigError
+from forgetless.training.outdir import OutDirLock
 from forgetless.training.runner import Runner
 
 BENCH_FILE = "bench.json"
 METRICS = ["average_accuracy", "bwt", "fwt", "forgetting", "gain", "retention", "kl_drift"]
 NOT_FOR_JOINT = {"bwt", "fwt", "forgetting"}
+
+
+def claim_plan(
+    out_dir: Path, base: dict[str, Any], variants: list[Variant], counts: tuple[int, int, int]
+) -> None:
+    """Record the bench's plan in its folder's marker; a folder that holds another bench's plan
+    is refused, so two benches never share one folder (and one ``bench.json``)."""
+    names = [v.name for v in variants]
+    plan = {"base": base, "variants": [v.model_dump() for v in variants], "counts": counts}
+    key = hashlib.sha256(json.dumps(plan, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    held = marker_record(out_dir).get("plan")
+    if held and held.get("key") != key:
+        raise ConfigError(
+            f"{out_dir}: holds a bench of {', '.join(held.get('variants', []))} planned "
+            "otherwise (variants, seeds, orders or config); use another --out, so that the two "
+            "benches' runs and summaries stay apart"
+        )
+    mark_folder(out_dir, "bench", plan={"key": key, "variants": names})
 
 
 def folder_name(variant: str) -> str:
@@ -140,59 +163,61 @@ def run_bench(
     ``cluster`` (an executor and its job settings) sends each run to a cluster job instead
     (``forgetless.bench.cluster``)."""
     check_jobs(jobs)
-    commit_at_start()  # what every record names: the code the bench started with
-    planned = plan_runs(base, variants, seeds, orders, out_dir, first_seed)
-    summaries: dict[int, dict[str, Any]] = {}
-    todo: list[Job] = []
+    with OutDirLock(out_dir, "bench"):
+        claim_plan(out_dir, base, variants, (seeds, orders, first_seed))
+        commit_at_start()  # what every record names: the code the bench started with
+        planned = plan_runs(base, variants, seeds, orders, out_dir, first_seed)
+        summaries: dict[int, dict[str, Any]] = {}
+        todo: list[Job] = []
 
-    def finished(position: int, results: dict[str, Any]) -> None:
-        variant, folder, cfg = planned[position]
-        summaries[position] = _run_summary(variant, folder, results)
-        kept = campaign and record_path(campaign, folder.parent.name, folder.name)
-        if kept:
-            save_record(kept, cfg, summaries[position], results)
+        def finished(position: int, results: dict[str, Any]) -> None:
+            variant, folder, cfg = planned[position]
+            summaries[position] = _run_summary(variant, folder, results)
+            kept = campaign and record_path(campaign, folder.parent.name, folder.name)
+            if kept:
+                save_record(kept, cfg, summaries[position], results)
 
-    if threads is not None:
-        torch.set_num_threads(threads)
-    for position, (variant, folder, cfg) in enumerate(planned):
-        label = f"bench run {position + 1}/{len(planned)}"
-        kept = campaign and record_path(campaign, folder.parent.name, folder.name)
-        record = load_record(kept, config_key(cfg)) if kept else None
-        if record is not None:
-            console.print(f"{label}: {variant.name} kept in {kept}")
-            summaries[position] = record["summary"]
-        elif jobs > 1 or cluster is not None:
-            todo.append((position, cfg.model_dump(mode="json"), folder))
-        else:
-            console.print(f"[bold]{label}[/]: {variant.name} → {folder}")
-            finished(position, Runner(cfg, folder, console, progress=progress).run().to_json())
-    if todo:
+        if threads is not None:
+            torch.set_num_threads(threads)
+        for position, (variant, folder, cfg) in enumerate(planned):
+            label = f"bench run {position + 1}/{len(planned)}"
+            kept = campaign and record_path(campaign, folder.parent.name, folder.name)
+            record = load_record(kept, config_key(cfg)) if kept else None
+            if record is not None:
+                console.print(f"{label}: {variant.name} kept in {kept}")
+                summaries[position] = record["summary"]
+            elif jobs > 1 or cluster is not None:
+                todo.append((position, cfg.model_dump(mode="json"), folder))
+            else:
+                console.print(f"[bold]{label}[/]: {variant.name} → {folder}")
+                finished(position, Runner(cfg, folder, console, progress=progress).run().to_json())
+        if todo:
 
-        def announce(position: int, results: dict[str, Any]) -> None:
-            finished(position, results)
-            console.print(f"finished {planned[position][0].name} → {planned[position][1]}")
+            def announce(position: int, results: dict[str, Any]) -> None:
+                finished(position, results)
+                console.print(f"finished {planned[position][0].name} → {planned[position][1]}")
 
-        if cluster is not None:
-            kind, spec = cluster
-            logs = out_dir / "cluster-logs"
-            console.print(f"{len(todo)} runs sent to {kind} jobs (logs in {logs})")
-            run_on_cluster(todo, kind, spec, logs, announce)
-        else:
-            per_job = threads_per_job(jobs, threads)
-            console.print(f"{len(todo)} runs on {jobs} workers, {per_job} thread(s) each")
-            run_parallel(todo, jobs, per_job, announce)
-    runs = [summaries[i] for i in range(len(planned))]
-    bench = {
-        "schema_version": 1,
-        "seeds": seeds,
-        "first_seed": first_seed,
-        "orders": orders,
-        "variants": [v.model_dump() for v in variants],
-        "rows": aggregate(runs, variants),
-        "runs": runs,
-    }
-    atomic_write_json(out_dir / BENCH_FILE, bench)
-    return bench
+            if cluster is not None:
+                kind, spec = cluster
+                logs = out_dir / "cluster-logs"
+                console.print(f"{len(todo)} runs sent to {kind} jobs (logs in {logs})")
+                run_on_cluster(todo, kind, spec, logs, announce)
+            else:
+                per_job = threads_per_job(jobs, threads)
+                console.print(f"{len(todo)} runs on {jobs} workers, {per_job} thread(s) each")
+                run_parallel(todo, jobs, per_job, announce)
+        runs = [summaries[i] for i in range(len(planned))]
+        bench = {
+            "schema_version": 1,
+            "seeds": seeds,
+            "first_seed": first_seed,
+            "orders": orders,
+            "variants": [v.model_dump() for v in variants],
+            "rows": aggregate(runs, variants),
+            "runs": runs,
+        }
+        atomic_write_json(out_dir / BENCH_FILE, bench)
+        return bench
 
 
 def interval_text(value: dict[str, Any] | None) -> str:

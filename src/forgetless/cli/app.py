@@ -40,13 +40,18 @@ def run(
     preset: PresetOpt = "tiny",
 ) -> None:
     """Train the task sequence, evaluating after each task; re-run to resume."""
+    from forgetless.config.bounds import size_warnings
     from forgetless.config.loading import load_config
+    from forgetless.core.distributed import is_main_process
+    from forgetless.core.ownership import check_output_folder
     from forgetless.report.table import accuracy_table, metrics_table
     from forgetless.training.runner import Runner
 
     cfg = load_config(config, set_, preset)
     out_dir = out or Path("runs") / (config.stem if config else preset)
-    from forgetless.core.distributed import is_main_process
+    check_output_folder(out_dir, "run", [config] if config else [])
+    for line in size_warnings(cfg, str(config) if config else f"preset {preset}"):
+        console.print(line, markup=False, highlight=False)
 
     results = Runner(
         cfg, out_dir, console, progress=not quiet, allow_config_change=allow_config_change
@@ -82,6 +87,7 @@ def validate(
 
     from forgetless.bench.sweep import plan_runs
     from forgetless.bench.variants import pop_bench_section
+    from forgetless.config.bounds import size_warnings
     from forgetless.config.loading import apply_override, config_data, validate_config
 
     source = str(config) if config else f"preset {preset}"
@@ -97,7 +103,10 @@ def validate(
         check(cfg, source)
         for variant, _, run_cfg in planned:
             check(run_cfg, f"{source}, variant {variant.name}")
-    names = ", ".join(t.display_name for t in cfg.tasks)
+    for line in size_warnings(cfg, source):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+    shown = [t.display_name for t in cfg.tasks]
+    names = ", ".join(shown[:20]) + (f", … ({len(shown)} tasks)" if len(shown) > 20 else "")
     extra = f"; {len(planned)} bench variants ok" if planned else ""
     console.print(
         f"ok: {source} — method {cfg.method.name}, {cfg.finetune.mode} fine-tuning, "
@@ -357,7 +366,7 @@ def run_cli(args: list[str]) -> int:
             raise
         return _fail(f"error: {err}", err.exit_code)
     except KeyboardInterrupt:
-        return _fail("interrupted", 130)
+        return _interrupted()
     except typer.Exit as exit_:
         return int(exit_.exit_code)
     except OSError as err:
@@ -371,17 +380,111 @@ def run_cli(args: list[str]) -> int:
             return _fail(f"error: {err.format_message()}{hint}", int(err.exit_code))  # type: ignore[attr-defined]
         if debug:
             raise
+        if _disk_full(err):  # a writer no ``disk_writes`` covers: the place is unknown
+            return _fail(f"error: {_first_line(err)}; free some space and re-run", 1)
         return _fail(
             f"internal error: {type(err).__name__}: {err} (rerun with --debug for the traceback)",
             1,
         )
     if code == 130:  # typer turns a Ctrl-C into this return value under standalone_mode=False
-        return _fail("interrupted", 130)
+        return _interrupted()
     return code if isinstance(code, int) else 0
 
 
+def _disk_full(err: BaseException) -> bool:
+    from forgetless.core.storage import is_disk_full
+
+    return is_disk_full(err)
+
+
+def _first_line(err: BaseException) -> str:
+    lines = str(err).strip().splitlines()
+    return lines[0] if lines else type(err).__name__
+
+
+def _say(line: str) -> None:
+    """One line on stderr, unbuffered: safe inside a signal handler, even mid-print."""
+    import os
+
+    os.write(2, (line + "\n").encode())
+
+
+class _Interrupts:
+    """Ctrl-C under ``main``: the first raises KeyboardInterrupt (the command cleans up and ends
+    with ``interrupted``); a second is announced, not raised, so that the clean-up it would break
+    finishes; a third stops at once. Once the command is over (``done``), one stops at once: a
+    KeyboardInterrupt in the interpreter's shutdown would print a traceback."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.count = 0
+        self.done = False
+        self.reported = False  # "interrupted" is printed
+        self.holding = False  # it is being printed: a Ctrl-C waits for it (``pending``)
+        self.pending = False
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        self.count += 1
+        if self.holding:
+            self.pending = True
+            return
+        if self.done or self.count > 2:
+            self.stop()
+        if self.count == 1:
+            raise KeyboardInterrupt
+        _say("interrupted again: finishing clean-up; Ctrl-C once more to stop at once")
+
+    def stop(self) -> None:
+        import contextlib
+        import os
+
+        if not self.reported:
+            _say("interrupted")
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, RuntimeError, ValueError):  # reentrant or closed
+                stream.flush()
+        os._exit(130)
+
+
+_INTERRUPTS = _Interrupts()
+"""The SIGINT handler that ``main`` installs (``run_cli`` alone leaves signals as they are)."""
+
+
+def _interrupted() -> int:
+    """Print the one line ``interrupted``; a Ctrl-C from then on ends the process at once (one
+    that comes while the line is printed waits for it, so that it is printed once, whole)."""
+    state = _INTERRUPTS
+    state.holding = True
+    try:
+        code = _fail("interrupted", 130)
+        state.done = state.reported = True
+    finally:
+        state.holding = False
+    if state.pending:
+        state.stop()
+    return code
+
+
 def main() -> None:
-    code = run_cli(sys.argv[1:])
+    import atexit
+    import signal
+    import threading
+
+    _INTERRUPTS.reset()
+    # an ignored SIGINT (a background job of a script) stays ignored, as Python leaves it
+    default = signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    if default and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, _INTERRUPTS)
+        # the last exit step (atexit runs in reverse): for the rest of its shutdown Python puts
+        # back the default SIGINT, which would end the process by the signal, not with its code
+        atexit.register(signal.signal, signal.SIGINT, signal.SIG_IGN)
+    try:
+        code = run_cli(sys.argv[1:])
+        _INTERRUPTS.done = True
+    except KeyboardInterrupt:  # raised while run_cli reported another failure, or returned
+        code = _interrupted()
     if code:
         sys.exit(code)
 

@@ -140,12 +140,14 @@ def train(
     SAE goes where an sae_fd run on the same base and settings looks for it, so a bench does not
     train it again.
     """
-    from forgetless.core.storage import atomic_dir
+    from forgetless.core.ownership import check_output_folder, replace_output
     from forgetless.engine.progress import Progress
     from forgetless.sae.activations import fit_sae, model_fingerprint, shared_sae_dir
     from forgetless.sae.gated import save_sae
 
     cfg = _load_config(config, set_, preset)
+    if out is not None:
+        check_output_folder(out, "sae", [config] if config else [])
     overrides = {
         "expansion": expansion,
         "l1_coeff": l1,
@@ -169,7 +171,7 @@ def train(
         sae, record = fit_sae(model, tokenizer, settings, max_length, device, on_step=advance)
     record["model"] = source
     folder.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_dir(folder) as tmp:
+    with replace_output(folder, "sae") as tmp:
         save_sae(sae, tmp, record)
     console.print(
         f"gated SAE d={sae.d_in} → D={sae.d_sae} on {record['train_tokens']} tokens "

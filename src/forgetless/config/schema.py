@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections import Counter
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
@@ -389,8 +390,8 @@ class RunConfig(Strict):
 
     @model_validator(mode="after")
     def _unique_names(self) -> RunConfig:
-        names = [t.display_name for t in self.tasks] + probe_names(self.probes)
-        dupes = sorted({n for n in names if names.count(n) > 1})
+        names = Counter([t.display_name for t in self.tasks] + probe_names(self.probes))
+        dupes = sorted(n for n, k in names.items() if k > 1)
         if dupes:
             raise ValueError(f"task and probe names must be unique; repeated: {', '.join(dupes)}")
         return self

@@ -6,6 +6,7 @@ after a killed write never deletes a file a user put in the output folder.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -23,7 +24,7 @@ from torch import nn
 
 from forgetless.core.distributed import is_main_process
 from forgetless.core.rundir import RunDir
-from forgetless.errors import CheckpointError
+from forgetless.errors import CheckpointError, EnvironmentFault, ForgetlessError
 
 MethodState = dict[str, Any]
 """A method's resumable state: tensors, JSON values, and nested dicts of those."""
@@ -38,6 +39,42 @@ swap_point: Callable[[str], None] = lambda point: None  # noqa: E731
 """Called at each step of ``atomic_dir``'s swap; the fault-injection tests plant a kill here."""
 
 
+NO_SPACE = "No space left on device"
+"""strerror(ENOSPC), also in the message of a full disk met inside safetensors or tokenizers."""
+
+
+class DiskFull(EnvironmentFault, OSError):
+    """A full disk: one line naming the file at the CLI, and still an OSError (ENOSPC) to code
+    that handles a failed write."""
+
+    def __init__(self, path: Path | str) -> None:
+        super().__init__(
+            f"{path}: {NO_SPACE} (free some space and re-run: a run resumes from its last "
+            "checkpoint)"
+        )
+        self.errno = errno.ENOSPC
+
+
+def is_disk_full(err: BaseException) -> bool:
+    """A full disk (or quota), raised as an OSError or worded in a library's own error."""
+    if isinstance(err, ForgetlessError):
+        return False  # already one line (an inner write named its file)
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    return NO_SPACE in str(err)
+
+
+@contextmanager
+def disk_writes(path: Path) -> Iterator[None]:
+    """Turn a full disk met while writing ``path`` into a one-line EnvironmentFault naming it."""
+    try:
+        yield
+    except Exception as err:
+        if is_disk_full(err):
+            raise DiskFull(path) from err
+        raise
+
+
 def temp_file_name(path: Path) -> Path:
     """The temporary sibling of ``path`` that an atomic write of it goes through."""
     return path.with_name(f".{path.name}.{TEMP_MARK}-{os.getpid()}")
@@ -50,17 +87,18 @@ def atomic_write_text(path: Path, text: str) -> None:
     """
     if not is_main_process():
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_file_name(path)
-    try:
-        with tmp.open("w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with disk_writes(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            with tmp.open("w", encoding="utf-8") as handle:
+                handle.write(text)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
 
 
 def _swap_dir(final: Path, kind: str) -> Path:
@@ -124,20 +162,29 @@ def atomic_dir(final: Path) -> Iterator[Path]:
         return
     recover_dir(final)
     new, old = _swap_dir(final, "new"), _swap_dir(final, "old")
-    new.mkdir(parents=True)
+    with disk_writes(final):
+        new.mkdir(parents=True)
+        try:
+            yield new
+        except BaseException:
+            shutil.rmtree(new, ignore_errors=True)
+            raise
     try:
-        yield new
-    except BaseException:
-        shutil.rmtree(new, ignore_errors=True)
+        swap_point("written")
+        if final.exists():
+            os.rename(final, old)
+            swap_point("aside")
+        os.rename(new, final)
+    except BaseException:  # an interrupt mid-swap: the old folder goes back, whole
+        recover_dir(final)
         raise
-    swap_point("written")
-    if final.exists():
-        os.rename(final, old)
-        swap_point("aside")
-    os.rename(new, final)
     swap_point("swapped")
-    if old.exists():
-        shutil.rmtree(old)
+    try:
+        if old.exists():
+            shutil.rmtree(old)
+    except BaseException:  # the new folder is in place: finish removing the old one
+        shutil.rmtree(old, ignore_errors=True)
+        raise
 
 
 def _split_state(state: MethodState, prefix: str, tensors: dict[str, torch.Tensor]) -> Any:

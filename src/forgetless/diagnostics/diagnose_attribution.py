@@ -28,7 +28,7 @@ from forgetless.attribution.importance import (
 )
 from forgetless.attribution.relevance import relevance_session
 from forgetless.config.schema import RunConfig
-from forgetless.core.storage import atomic_write_json
+from forgetless.core.ownership import check_output_file, write_output_file
 from forgetless.tasks.base import Task
 from forgetless.tasks.formatting import collate, encode_example
 from forgetless.training.export import RunFolderError, checkpoint_model, load_run
@@ -140,6 +140,8 @@ def diagnose_attribution(
     ``R = θ ⊙ ∂θ`` shares ``|θ|`` within a model; overlap on one model that was never trained
     on the sequence says how much of the sequential overlap that alone explains.
     """
+    target = out or run_dir / "attribution.json"
+    check_output_file(target, "attribution", "attribution.json")
     cfg, results = load_run(run_dir)
     from forgetless.training.runner import load_tasks
 
@@ -178,7 +180,7 @@ def diagnose_attribution(
             _independent_maps(independent, samples, top), overlap_fraction
         )
         data["independent_mean"] = mean_overall(data["independent"])
-    atomic_write_json(out or run_dir / "attribution.json", data)
+    write_output_file(target, "attribution", data)
     return data
 
 

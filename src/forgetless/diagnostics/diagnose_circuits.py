@@ -226,8 +226,11 @@ def diagnose_circuits(
     effects: EffectsKind = "exact",
 ) -> dict[str, Any]:
     """Circuits of every checkpoint against the first (the base); JSON, Markdown and plots."""
-    from forgetless.core.storage import atomic_write_json, atomic_write_text
+    from forgetless.core.ownership import check_output_file, write_output_file
+    from forgetless.core.storage import atomic_write_text
 
+    pictures = [out.with_name(f"{out.stem}_{p}.png") for p in ("masks", "retention")]
+    check_output_file(out, "circuits", "circuits.json", [out.with_suffix(".md"), *pictures])
     dbm, th = dbm or DBMSettings(), thresholds or Thresholds()
     task, corrupt_prompts = behaviour_task(behaviour_spec, n, seed)
     labels = checkpoint_labels(checkpoints)
@@ -258,10 +261,10 @@ def diagnose_circuits(
         "vulnerability": _vulnerability(labels, analyses, th.vulnerability),
     }
     data["plots"] = {
-        "masks": str(plot_masks(rows, out.with_name(out.stem + "_masks.png"))),
-        "retention": str(plot_retention(rows, out.with_name(out.stem + "_retention.png"))),
+        "masks": str(plot_masks(rows, pictures[0])),
+        "retention": str(plot_retention(rows, pictures[1])),
     }
-    atomic_write_json(out, data)
+    write_output_file(out, "circuits", data)
     atomic_write_text(out.with_suffix(".md"), markdown_table(data))
     return data
 

@@ -29,8 +29,9 @@ def diagnose_drift(
 ) -> dict[str, Any]:
     """Per checkpoint and probe: KL(p_base ‖ p_ckpt), KL(p_ckpt ‖ p_base) over the completion
     tokens of ``n`` probe examples (teacher-forced), and greedy exact-match accuracy."""
-    from forgetless.core.storage import atomic_write_json
+    from forgetless.core.ownership import check_output_file, write_output_file
 
+    check_output_file(out, "drift", "drift.json")
     tasks = probe_tasks(probes, n, seed)
     base_logprobs: list[Any] = []
     rows = []
@@ -60,5 +61,5 @@ def diagnose_drift(
         "examples": n,
         "rows": rows,
     }
-    atomic_write_json(out, data)
+    write_output_file(out, "drift", data)
     return data

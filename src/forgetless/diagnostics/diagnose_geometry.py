@@ -425,12 +425,13 @@ def within_run_summary(rows: list[dict[str, Any]], target: str) -> dict[str, Any
 
 def diagnose_runs(run_dirs: list[Path], out: Path | None = None, rank: int = 64) -> dict[str, Any]:
     """Rows of every run and pooled correlations, written to ``out`` (default: first run)."""
-    from forgetless.core.storage import atomic_write_json
+    from forgetless.core.ownership import check_output_file, write_output_file
 
+    target = out or run_dirs[0] / "geometry.json"
+    check_output_file(target, "geometry", "geometry.json", [target.with_suffix(".png")])
     rows: list[dict[str, Any]] = []
     for run_dir in run_dirs:
         rows.extend(task_signals(run_dir, rank))
-    target = out or run_dirs[0] / "geometry.json"
     data = {
         "schema_version": 1,
         "runs": [str(r) for r in run_dirs],
@@ -446,5 +447,5 @@ def diagnose_runs(run_dirs: list[Path], out: Path | None = None, rank: int = 64)
         "plot": str(target.with_suffix(".png")),
     }
     plot_conflict(rows, target.with_suffix(".png"))
-    atomic_write_json(target, data)
+    write_output_file(target, "geometry", data)
     return data

@@ -20,7 +20,8 @@ import torch
 
 from forgetless.core.dtypes import DTYPES
 from forgetless.core.lowrank import LowRank
-from forgetless.core.storage import temp_file_name, tensor_shapes
+from forgetless.core.ownership import check_output_folder, replace_output
+from forgetless.core.storage import atomic_write_json, temp_file_name, tensor_shapes
 from forgetless.core.tensor_files import TIED, WEIGHTS_FILE, TensorFiles, adapter_terms
 from forgetless.errors import ConfigError
 from forgetless.merging.blocks import is_block_matrix
@@ -199,15 +200,14 @@ def _nonzero(delta: Delta) -> bool:
 
 
 def check_out(out: Path, cfg: MergeConfig) -> None:
-    """Refuse an output folder that is a file or one of the merge's inputs."""
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out}: is a file, not a folder")
-    target = out.resolve()
-    for label, folder in [("base_model", cfg.base_model)] + [
-        (f"tasks.{i}", t.path) for i, t in enumerate(cfg.tasks)
-    ]:
-        if folder.resolve() == target:
-            raise ConfigError(f"--out {out}: is the merge's input {label}; choose another folder")
+    """Refuse an output folder that is a file, holds one of the merge's inputs, or holds
+    anything but an earlier merge (``core.ownership``)."""
+    check_output_folder(out, "merge", _inputs(cfg))
+
+
+def _inputs(cfg: MergeConfig) -> dict[str, Path]:
+    tasks = {f"tasks.{i}": t.path for i, t in enumerate(cfg.tasks)}
+    return {"base_model": cfg.base_model, **tasks}
 
 
 def dense(delta: Delta | None, like: torch.Tensor) -> torch.Tensor:
@@ -355,22 +355,44 @@ def stream_merge(
         tensor_rule(cfg.method.name)
     if not (cfg.base_model / "config.json").is_file():
         raise ConfigError(f"base_model: {cfg.base_model} has no config.json")
-    out.mkdir(parents=True, exist_ok=True)
-    copy_model_files(cfg.base_model, out)
     out_dtype = DTYPES.get(cfg.dtype)
     specs = [(n, out_dtype if out_dtype and d.is_floating_point else d, s) for n, d, s in specs]
     stats, scale = MergeStats(), 1.0
+    if isinstance(cfg.method, OPCMMerge):
+        scale = _opcm_scale(base, sources, cfg.method.alpha, stats)
+    with replace_output(out, "merge", _inputs(cfg)) as folder:
+        copy_model_files(cfg.base_model, folder)
+        _write_weights(cfg, base, sources, specs, (folder / WEIGHTS_FILE, scale), stats, progress)
+        stats.changed, stats.tensors = [s.changed for s in sources], len(specs)
+        record = {
+            "config": cfg.model_dump(mode="json"),
+            "changed_tensors": stats.changed,
+            "layers": stats.layers,
+            **stats.scalars,
+        }
+        atomic_write_json(folder / "merge.json", record)
+    return stats
+
+
+def _write_weights(
+    cfg: MergeConfig,
+    base: TensorFiles,
+    sources: list[TaskSource],
+    specs: list[tuple[str, torch.dtype, tuple[int, ...]]],
+    target: tuple[Path, float],
+    stats: MergeStats,
+    progress: Callable[[str], None] | None,
+) -> None:
+    """Stream every merged tensor into ``target``'s file (OPCM divides by its scale)."""
     method = cfg.method
-    if isinstance(method, OPCMMerge):
-        scale = _opcm_scale(base, sources, method.alpha, stats)
-    writer = StreamWriter(out / WEIGHTS_FILE, specs)
+    writer = StreamWriter(target[0], specs)
     try:
         for index, (name, dtype, _) in enumerate(specs):
             theta = base.get(name)
             if theta.is_floating_point():
                 deltas = [s.delta(name, theta) for s in sources]
                 if isinstance(method, OPCMMerge):
-                    update = _opcm_layer(name, theta, deltas, method.alpha)[0] / scale
+                    update = _opcm_layer(name, theta, deltas, method.alpha)[0] / target[1]
                 else:
                     update = merge_update(cfg, name, index, theta, deltas, stats)
                 theta = theta.to(COMPUTE) + update
@@ -381,15 +403,6 @@ def stream_merge(
         writer.abort()
         raise
     writer.close()
-    stats.changed, stats.tensors = [s.changed for s in sources], len(specs)
-    record = {
-        "config": cfg.model_dump(mode="json"),
-        "changed_tensors": stats.changed,
-        "layers": stats.layers,
-        **stats.scalars,
-    }
-    (out / "merge.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-    return stats
 
 
 def _opcm_scale(

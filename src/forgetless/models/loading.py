@@ -57,7 +57,48 @@ def _declares_generic_tokenizer(source: str) -> bool:
     )
 
 
+VOCABULARY_FILES = (
+    "tokenizer.json",
+    "vocab.json",
+    "vocab.txt",
+    "tekken.json",
+    "*.model",
+    "*.tiktoken",
+)
+"""A tokenizer's vocabulary, one of which a model folder must hold; ``tokenizer_config.json`` and
+``special_tokens_map.json`` alone make a tokenizer that spells nothing."""
+
+
+def _no_tokenizer(source: str, why: str) -> ModelLoadError:
+    return ModelLoadError(
+        f"model.name_or_path: {source} {why} (none of {', '.join(VOCABULARY_FILES)}); copy the "
+        "tokenizer files of the model it was fine-tuned from (e.g. tokenizer.json and "
+        "tokenizer_config.json) into the folder beside its weights"
+    )
+
+
+def check_tokenizer_files(source: str, cfg: ModelConfig) -> None:
+    """Refuse a local folder without a tokenizer's vocabulary: transformers would build an empty
+    tokenizer from the model's config instead of failing (code shipped with a model may name
+    files of its own, so ``trust_remote_code`` skips the check; ``load_tokenizer`` checks the
+    tokenizer itself)."""
+    path = Path(source)
+    if not path.is_dir() or cfg.trust_remote_code:
+        return
+    if not any(next(path.glob(pattern), None) for pattern in VOCABULARY_FILES):
+        raise _no_tokenizer(str(path), "has no tokenizer files")
+
+
+def _check_spells(tokenizer: Any, source: str) -> None:
+    """An empty tokenizer (its files missing on the hub, or not found by remote code) turns
+    every text into nothing but special tokens."""
+    ids = tokenizer("hello world", add_special_tokens=False)["input_ids"]
+    if not set(ids) - set(tokenizer.all_special_ids):
+        raise _no_tokenizer(source, "has a tokenizer that spells no text: its files are missing")
+
+
 def load_tokenizer(source: str, cfg: ModelConfig) -> Any:
+    check_tokenizer_files(source, cfg)
     loader: Any = PreTrainedTokenizerFast if _declares_generic_tokenizer(source) else AutoTokenizer
     try:
         tokenizer = loader.from_pretrained(
@@ -67,6 +108,7 @@ def load_tokenizer(source: str, cfg: ModelConfig) -> Any:
         raise ModelLoadError(
             f"model.name_or_path: cannot load tokenizer from {source!r}: {_first_line(err)}"
         ) from None
+    _check_spells(tokenizer, source)
     if tokenizer.pad_token_id is None:
         if tokenizer.eos_token_id is None:
             raise ModelLoadError(
@@ -102,6 +144,7 @@ def load_model_and_tokenizer(
 ) -> tuple[PreTrainedModel, Any]:
     """Load from ``source`` (default ``cfg.name_or_path``); the caller resolves the tiny default."""
     source = resolve_source(source or cfg.name_or_path or "")
+    check_tokenizer_files(source, cfg)  # before a model that may take minutes to load
     return load_model(source, cfg), load_tokenizer(source, cfg)
 
 

@@ -11,8 +11,9 @@ from typing import Any
 
 from forgetless.core.rundir import RunDir
 from forgetless.core.storage import atomic_write_text
-from forgetless.errors import ConfigError
+from forgetless.errors import CheckpointError, ConfigError
 from forgetless.report import plots
+from forgetless.training.results import Results
 
 METRIC_KEYS = ["average_accuracy", "bwt", "fwt", "forgetting", "gain", "retention", "kl_drift"]
 HEADERS = [
@@ -85,11 +86,72 @@ def _slug(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)
 
 
-def _read(path: Path) -> dict[str, Any]:
+def _read(path: Path) -> Any:
     if not path.is_file():
         raise ConfigError(f"nothing to report: {path} not found")
-    data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        why = getattr(err, "msg", None) or getattr(err, "strerror", None) or type(err).__name__
+        raise CheckpointError(f"{path}: unreadable ({why})") from None
+
+
+def read_results(path: Path) -> dict[str, Any]:
+    """A run's ``results.json``, checked as a resume checks it (a one-line error if it is not
+    one), with its metrics as today's code computes them."""
+    if not path.is_file():
+        raise ConfigError(f"nothing to report: {path} not found")
+    return Results.read(path).to_json()
+
+
+def read_bench(path: Path) -> dict[str, Any]:
+    """``bench.json``, refused in one line when it is not what ``bench`` writes."""
+    bench = _read(path)
+    why = _bench_fault(bench)
+    if why is not None:
+        raise CheckpointError(f"{path}: not a forgetless bench file ({why})")
+    data: dict[str, Any] = bench
     return data
+
+
+def _bench_fault(bench: Any) -> str | None:
+    """What keeps ``bench`` from being reported (its rows are aggregated again), or None."""
+    from pydantic import ValidationError
+
+    from forgetless.bench.variants import Variant
+    from forgetless.core import registry
+
+    if not isinstance(bench, dict):
+        return f"the top level is a {type(bench).__name__}"
+    for key, kind in (("seeds", int), ("orders", int), ("variants", list), ("runs", list)):
+        if not isinstance(bench.get(key), kind):
+            return f"{key!r} is missing or not a {kind.__name__}"
+    for variant in bench["variants"]:
+        try:
+            method = Variant.model_validate(variant).method.get("name")
+        except ValidationError as err:
+            first = err.errors()[0]
+            return f"a variant's {'.'.join(map(str, first['loc']))}: {first['msg']}"
+        if not isinstance(method, str) or registry.lookup(method) is None:
+            return f"a variant's method {method!r} is unknown"
+    if not all(_is_run_summary(run) for run in bench["runs"]):
+        return "a run lacks its variant, folder, numeric metrics, train_seconds or steps"
+    return None
+
+
+def _is_run_summary(run: Any) -> bool:
+    def number(value: Any) -> bool:
+        return isinstance(value, int | float)
+
+    return (
+        isinstance(run, dict)
+        and isinstance(run.get("variant"), str)
+        and isinstance(run.get("folder"), str)
+        and isinstance(run.get("metrics"), dict)
+        and all(v is None or number(v) for k, v in run["metrics"].items() if k in METRIC_KEYS)
+        and number(run.get("train_seconds"))
+        and number(run.get("steps"))
+    )
 
 
 DETAIL_KEYS = ("kl_drift", "probe_retention", "warnings", "forgetting_since")
@@ -143,6 +205,8 @@ def sections_for_run(
     probes = results["metrics"].get("probe_retention")
     if probes:
         sections.append(_probe_section(results, probes))
+    if results.get("events"):
+        sections.append(_events_section(results["events"]))
     return f"forgetless run: {method} on {', '.join(results['tasks'])}", sections, pictures
 
 
@@ -169,6 +233,18 @@ def _probe_section(results: dict[str, Any], probes: dict[str, Any]) -> Section:
     return Section("Probe retention", note.strip(), headers, rows)
 
 
+def _events_section(events: list[dict[str, Any]]) -> Section:
+    """What happened to the run besides training: resumes that changed its config or data,
+    truncated examples, skipped steps, rollbacks."""
+    rows = []
+    for event in events:
+        detail = {k: v for k, v in event.items() if k not in ("type", "after_task", "task")}
+        where = event.get("task") or f"after task {event.get('after_task', '?')}"
+        rows.append([str(event.get("type", "?")), str(where), json.dumps(detail, default=str)])
+    note = "In the order they happened; a resume that changed the config or a data file says so."
+    return Section("Events", note, ["event", "when", "detail"], rows)
+
+
 def sections_for_bench(
     bench: dict[str, Any], folder: Path
 ) -> tuple[str, list[Section], list[Path]]:
@@ -182,7 +258,9 @@ def sections_for_bench(
         results_path = RunDir(Path(first["folder"])).results if first else None
         if results_path is not None and results_path.is_file():
             target = folder / "plots" / f"matrix-{_slug(row['variant'])}.png"
-            pictures.append(plots.accuracy_heatmap(_read(results_path), target, row["variant"]))
+            pictures.append(
+                plots.accuracy_heatmap(read_results(results_path), target, row["variant"])
+            )
     note = (
         f"{bench['seeds']} seed(s) × {bench['orders']} task order(s) per variant; "
         "mean ± half-width of the 95% t-interval. Joint training (mtl) has no BWT/FWT."
@@ -197,9 +275,9 @@ def sections_for_bench(
 def write_report(folder: Path) -> tuple[Path, Path]:
     """Write ``report.md`` and ``report.html`` into ``folder`` (a run or a bench output folder)."""
     if (folder / "bench.json").is_file():
-        title, sections, pictures = sections_for_bench(_read(folder / "bench.json"), folder)
+        title, sections, pictures = sections_for_bench(read_bench(folder / "bench.json"), folder)
     else:
-        title, sections, pictures = sections_for_run(_read(RunDir(folder).results), folder)
+        title, sections, pictures = sections_for_run(read_results(RunDir(folder).results), folder)
     md_parts, html_parts = [f"# {title}"], [f"<h1>{html.escape(title)}</h1>"]
     for sec in sections:
         md_parts.append(

@@ -18,8 +18,9 @@ from torch import nn
 
 from forgetless.config.loading import validate_config
 from forgetless.config.schema import RunConfig
+from forgetless.core.ownership import check_output_folder, replace_output
 from forgetless.core.rundir import RunDir
-from forgetless.core.storage import atomic_dir, atomic_write_json
+from forgetless.core.storage import atomic_write_json
 from forgetless.errors import CheckpointError
 
 EXPORT_RECORD = "export.json"
@@ -61,13 +62,13 @@ def checkpoint_model(
 def export_model(run_dir: Path, out: Path, task: int | None = None) -> dict[str, Any]:
     """Save the model after task ``task`` (1-based; default the last finished) to ``out``.
 
-    ``out`` must not exist yet: an export never replaces a folder. Returns the record written
-    beside the weights (run, task, base model, whether adapters were folded in).
+    ``out`` must be new, empty or an earlier export (``core.ownership``); it is written whole or
+    not at all. Returns the record written beside the weights (run, task, base model, whether
+    adapters were folded in).
     """
     from forgetless.training.runner import load_tasks
 
-    if out.exists():
-        raise RunFolderError(f"{out}: already exists (an export never replaces a folder)")
+    check_output_folder(out, "export", [run_dir])
     cfg, results = load_run(run_dir)
     names = [t.name for t in load_tasks(cfg.tasks, cfg)]
     done = int(results.get("completed_tasks", 0))
@@ -86,7 +87,7 @@ def export_model(run_dir: Path, out: Path, task: int | None = None) -> dict[str,
         "finetune": cfg.finetune.mode,
         "lora_folded_in": folded,
     }
-    with atomic_dir(out) as tmp:
+    with replace_output(out, "export", [run_dir]) as tmp:
         model.save_pretrained(str(tmp), safe_serialization=True)  # type: ignore[operator]
         tokenizer.save_pretrained(str(tmp))
         atomic_write_json(tmp / EXPORT_RECORD, record)

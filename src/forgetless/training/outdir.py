@@ -4,28 +4,44 @@ from __future__ import annotations
 
 import fcntl
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from types import TracebackType
 
-from forgetless.errors import ConfigError, EnvironmentFault
+from forgetless.core.ownership import MARKER, check_output_folder, mark_folder
+from forgetless.errors import EnvironmentFault
+
+PID_FILE = ".forgetless.pid"
+"""The lock holder's PID, so that a refused second writer can name it."""
+
+
+def holder(folder: Path) -> str:
+    """`` (PID n)`` for the process that holds ``folder``'s lock, when it says."""
+    try:
+        pid = (folder / PID_FILE).read_text(encoding="utf-8").strip()
+    except OSError:
+        return ""
+    return f" (PID {pid})" if pid.isdigit() else ""
 
 
 class OutDirLock:
-    """An exclusive lock on the output folder (``flock`` on the folder itself).
+    """An exclusive lock on a ``kind`` output folder (``flock`` on the folder itself).
 
-    A second writer is refused at once. The kernel drops the lock when its holder dies, so a lock
-    left by a killed run is simply taken over. A folder this lock created is removed again if the
-    run leaves it empty (a run refused before writing anything leaves no trace).
+    The folder must be new, empty or already a ``kind`` output of forgetless, and must not hold
+    one of ``inputs`` (``core.ownership``); it is marked as forgetless's once locked. A second
+    writer is refused at once, naming the holder's PID. The kernel drops the lock when its holder
+    dies, so a lock left by a killed run is simply taken over. A folder this lock created is
+    removed again if the run leaves nothing in it but the marker (a run refused before writing
+    anything leaves no trace).
     """
 
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
+    def __init__(self, folder: Path, kind: str = "run", inputs: Iterable[Path] = ()) -> None:
+        self.folder, self.kind, self.inputs = folder, kind, tuple(inputs)
         self.created = False
         self.fd: int | None = None
 
     def __enter__(self) -> OutDirLock:
-        if self.folder.exists() and not self.folder.is_dir():
-            raise ConfigError(f"{self.folder}: --out is a file, not a folder")
+        check_output_folder(self.folder, self.kind, self.inputs)
         self.created = not self.folder.exists()
         self.folder.mkdir(parents=True, exist_ok=True)
         self.fd = os.open(self.folder, os.O_RDONLY)
@@ -34,9 +50,12 @@ class OutDirLock:
         except BlockingIOError:
             self._close()
             raise EnvironmentFault(
-                f"{self.folder}: another forgetless process is writing to this folder; "
-                "wait for it to end or use another --out"
+                f"{self.folder}: another forgetless process is writing to this folder"
+                f"{holder(self.folder)}; wait for it to end or use another --out"
             ) from None
+        if not (self.folder / MARKER).is_file():
+            mark_folder(self.folder, self.kind)
+        (self.folder / PID_FILE).write_text(str(os.getpid()), encoding="utf-8")
         return self
 
     def __exit__(
@@ -45,8 +64,11 @@ class OutDirLock:
         err: BaseException | None,
         trace: TracebackType | None,
     ) -> None:
+        (self.folder / PID_FILE).unlink(missing_ok=True)
         self._close()
-        if self.created and self.folder.is_dir() and not any(self.folder.iterdir()):
+        left = {p.name for p in self.folder.iterdir()} if self.folder.is_dir() else {"?"}
+        if self.created and left <= {MARKER}:
+            (self.folder / MARKER).unlink(missing_ok=True)
             self.folder.rmdir()
 
     def _close(self) -> None:

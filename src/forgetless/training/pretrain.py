@@ -14,8 +14,9 @@ from transformers.utils import logging as hf_logging
 from forgetless.config.schema import ModelConfig
 from forgetless.contract.method import RunInfo, TaskContext, create_method
 from forgetless.contract.plan import TrainPlan
+from forgetless.core.ownership import check_output_folder, replace_output
 from forgetless.core.paths import cache_root
-from forgetless.core.storage import atomic_dir, atomic_write_json
+from forgetless.core.storage import atomic_write_json
 from forgetless.engine.progress import Progress
 from forgetless.engine.session import TaskSession
 from forgetless.eval.generation import evaluate_task
@@ -87,6 +88,7 @@ def pretrain_base(
     cfg: ModelConfig, folder: Path, console: Console, progress: bool = True
 ) -> dict[str, Any]:
     """Build tokenizer and model under the seed, train on the mixture, save atomically."""
+    check_output_folder(folder, "pretrain")
     p = cfg.pretrain
     tokenizer = build_char_tokenizer()
     model = build_tiny_model(cfg.tiny, vocab_size=len(tokenizer), seed=p.seed)
@@ -118,7 +120,7 @@ def pretrain_base(
     }
     folder.parent.mkdir(parents=True, exist_ok=True)
     hf_logging.disable_progress_bar()
-    with atomic_dir(folder) as tmp:
+    with replace_output(folder, "pretrain") as tmp:
         model.save_pretrained(str(tmp))
         tokenizer.save_pretrained(str(tmp))
         atomic_write_json(tmp / "pretrain.json", report)

@@ -35,6 +35,8 @@ class Results:
     """Per row: perplexity and KL(base || model) on the held-out prose (``eval.prose``)."""
     eval_seconds: list[float] = field(default_factory=list)
     """Per row: the wall time of its evaluation (a cached base row: the time to read it)."""
+    inputs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per data file the run reads: its size and SHA-256 (``training.inputs``)."""
 
     @property
     def completed_tasks(self) -> int:
@@ -105,6 +107,7 @@ class Results:
             "probe_loglik": self.probe_loglik,
             "prose": self.prose,
             "eval_seconds": self.eval_seconds,
+            "inputs": self.inputs,
         }
 
     def write(self, out_dir: Path) -> None:
@@ -134,6 +137,7 @@ class Results:
             probe_loglik=data.get("probe_loglik", []),
             prose=data.get("prose", []),
             eval_seconds=data.get("eval_seconds", []),
+            inputs=data.get("inputs", {}),
         )
 
 

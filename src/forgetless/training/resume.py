@@ -10,6 +10,7 @@ import yaml
 from forgetless.config.schema import RunConfig, probe_names
 from forgetless.core.rundir import RunDir
 from forgetless.errors import CheckpointError, ConfigError
+from forgetless.training.inputs import Fingerprint, changed_inputs
 from forgetless.training.results import Results
 
 FIXED_ONCE_TRAINED = (
@@ -18,8 +19,10 @@ FIXED_ONCE_TRAINED = (
     "model.tiny",
     "model.pretrain",
     "finetune",
+    "method.name",
 )
-"""Config paths that the finished tasks' checkpoints depend on: never changed on resume."""
+"""Config paths that the finished tasks' checkpoints depend on: never changed on resume (a
+method's state belongs to its method, so another method cannot go on from it)."""
 
 
 def config_differences(old: Any, new: Any, prefix: str = "") -> list[str]:
@@ -57,22 +60,30 @@ def has_trained(out_dir: Path, results: Results | None) -> bool:
     return RunDir(out_dir).has_step_checkpoints()
 
 
-def resume_check(out_dir: Path, cfg: RunConfig, allow_change: bool) -> Results | None:
+def resume_check(
+    out_dir: Path,
+    cfg: RunConfig,
+    allow_change: bool,
+    inputs: dict[str, Fingerprint] | None = None,
+) -> Results | None:
     """The stored results that ``cfg`` goes on from, or None for a fresh start.
 
     A folder with nothing trained in it is started afresh, whatever config it holds (a failed
     run's ``config.yaml`` does not block the corrected one). Otherwise the stored config
     (``config.yaml``, or the copy inside ``results.json`` when that file is gone) must equal
-    ``cfg``; ``allow_change`` lets it differ except where the trained checkpoints or the results'
-    columns depend on it. Raises before anything is written.
+    ``cfg``, and the data files (``inputs``, their fingerprints now) must be the ones the run
+    began on; ``allow_change`` lets either differ, recorded as an event in the results, except
+    where the trained checkpoints or the results' columns depend on it. Raises before anything
+    is written.
     """
     run = RunDir(out_dir)
     results_path, config_path = run.results, run.config
     stored = Results.read(results_path) if results_path.is_file() else None
     resolved = cfg.model_dump(mode="json")
     if not has_trained(out_dir, stored):
-        same = stored is not None and not config_differences(stored.config, resolved)
-        return stored if same else None
+        if stored is None or config_differences(stored.config, resolved):
+            return None
+        return None if changed_inputs(stored.inputs, inputs or {}) else stored
     previous = read_stored_config(config_path) if config_path.is_file() else None
     if previous is None and stored is not None:
         previous, config_path = stored.config, results_path
@@ -86,13 +97,43 @@ def resume_check(out_dir: Path, cfg: RunConfig, allow_change: bool) -> Results |
         )
     fixed = [c for c in changed if _fixed(c)]
     if fixed:
+        why = (
+            "the method's state belongs to its method"
+            if fixed[0] == "method.name"
+            else "the checkpoints depend on it"
+        )
         raise ConfigError(
             f"{config_path}: --allow-config-change cannot change {fixed[0]} once a task has "
-            "trained (the checkpoints depend on it); use another --out"
+            f"trained ({why}); use another --out"
         )
     if stored is not None:
         _check_columns(results_path, stored, cfg)
+        _check_inputs(results_path, stored, inputs or {}, allow_change)
+        if changed:
+            stored.events.append(_event("config_changed", stored, fields=changed))
     return stored
+
+
+def _event(kind: str, stored: Results, **detail: Any) -> dict[str, Any]:
+    return {"type": kind, "after_task": stored.completed_tasks, **detail}
+
+
+def _check_inputs(
+    path: Path, stored: Results, now: dict[str, Fingerprint], allow_change: bool
+) -> None:
+    """The data files must be the ones the run began on, unless ``allow_change`` (recorded)."""
+    changed = changed_inputs(stored.inputs, now)
+    if not changed:
+        return
+    if not allow_change:
+        raise ConfigError(
+            f"{changed[0]}: changed since the run in {path.parent} began (size or content "
+            "differs); a resumed run would mix two data sets: restore the file, use another "
+            "--out, or --allow-config-change to go on and record it"
+        )
+    for name in changed:
+        before, after = stored.inputs.get(name), now.get(name)
+        stored.events.append(_event("input_changed", stored, file=name, before=before, after=after))
 
 
 def _fixed(path: str) -> bool:

@@ -39,7 +39,7 @@ from forgetless.core.storage import (
 )
 from forgetless.engine.budget import BudgetMonitor, budget_miss_line, budget_unlearned_line
 from forgetless.engine.loop import NonFiniteError, steps_for_epochs
-from forgetless.engine.progress import Progress
+from forgetless.engine.progress import Heartbeat, Progress
 from forgetless.engine.session import TaskSession
 from forgetless.engine.step_checkpoint import StepCheckpointer, plan_fingerprint
 from forgetless.engine.tracking import Tracker
@@ -56,6 +56,7 @@ from forgetless.tasks.general import prose_paragraphs
 from forgetless.tasks.loaders import build_task
 from forgetless.training.base_row import base_row_path, load_base_row, store_base_row
 from forgetless.training.budget_probe import budget_measure, full_probe_loss, left_out
+from forgetless.training.inputs import fingerprints
 from forgetless.training.outdir import OutDirLock
 from forgetless.training.pretrain import ensure_base_model
 from forgetless.training.results import Results
@@ -88,8 +89,16 @@ def _skip_event(task: str, skipped: list[NonFiniteError]) -> dict[str, Any]:
     }
 
 
-def load_tasks(configs: list[TaskConfig], cfg: RunConfig) -> list[Task]:
-    return [build_task(t, cfg.eval, cfg.seed) for t in configs]
+def load_tasks(
+    configs: list[TaskConfig], cfg: RunConfig, say: Callable[[str], None] | None = None
+) -> list[Task]:
+    """Build every task; with ``say``, a long build prints a progress line now and then."""
+    heartbeat = Heartbeat(say or (lambda line: None), "building tasks", len(configs))
+    tasks = []
+    for task in configs:
+        tasks.append(build_task(task, cfg.eval, cfg.seed))
+        heartbeat.beat()
+    return tasks
 
 
 @dataclass
@@ -112,17 +121,22 @@ class Runner:
         warning = distributed.launch_warning()
         if warning:
             self.console.print(warning, markup=False, highlight=False)
+        self.inputs = fingerprints(self.cfg)
         if not distributed.is_main_process():
-            return self._run(resume_check(self.out_dir, self.cfg, self.allow_config_change))
-        with OutDirLock(self.out_dir):
+            return self._run(self._resumable())
+        with OutDirLock(self.out_dir, "run", map(Path, self.inputs)):
             remove_stale_temps(self.out_dir)
-            return self._run(resume_check(self.out_dir, self.cfg, self.allow_config_change))
+            return self._run(self._resumable())
+
+    def _resumable(self) -> Results | None:
+        return resume_check(self.out_dir, self.cfg, self.allow_config_change, self.inputs)
 
     def _run(self, stored: Results | None) -> Results:
         """The run proper, once the folder is locked and ``stored`` proved resumable."""
         cfg = self.cfg
         task_probes = [p for p in cfg.probes if isinstance(p, TaskConfig)]
-        tasks, probes = load_tasks(cfg.tasks, cfg), load_tasks(task_probes, cfg)
+        tasks = load_tasks(cfg.tasks, cfg, self._say)
+        probes = load_tasks(task_probes, cfg, self._say)
         self.lm_probes = [p for p in cfg.probes if isinstance(p, LmEvalProbe)]
         # the method steers its own copy of its config (a budget's knob): cfg stays as planned
         self.active: Method = self.method or create_method(cfg.method.model_copy(deep=True))
@@ -171,6 +185,9 @@ class Runner:
         finally:
             self.tracker.finish()
         return results
+
+    def _say(self, line: str) -> None:
+        self.console.print(line, markup=False, highlight=False, soft_wrap=True)
 
     def _attach_adapter(self) -> None:
         """LoRA adapters attached before the split, each under the seed its task starts with
@@ -226,12 +243,15 @@ class Runner:
         atomic_write_text(RunDir(self.out_dir).config, dump_config(self.cfg))
         if stored is not None:
             self._remove_stale(tasks[: stored.completed_tasks])
-            stored.config = resolved
+            stored.config, stored.inputs = resolved, self.inputs
             if stored.completed_tasks:
                 self.console.print(f"Resuming after task {stored.completed_tasks} of {len(tasks)}")
             return stored
         return Results(
-            config=resolved, tasks=[t.name for t in tasks], probes=probe_names(self.cfg.probes)
+            config=resolved,
+            tasks=[t.name for t in tasks],
+            probes=probe_names(self.cfg.probes),
+            inputs=self.inputs,
         )
 
     def _remove_stale(self, finished: list[Task]) -> None:
@@ -251,7 +271,10 @@ class Runner:
         later tasks are encoded again when they start.
         """
         max_length, out = self.cfg.train.max_length, {}
-        for index in range(results.completed_tasks + 1, len(self.tasks) + 1):
+        remaining = range(results.completed_tasks + 1, len(self.tasks) + 1)
+        heartbeat = Heartbeat(self._say, "encoding tasks", len(remaining))
+        for index in remaining:
+            heartbeat.beat()
             task = self.tasks[index - 1]
             features, cut = encode_training_set(
                 self.tokenizer, task.train, max_length, f"task {task.name!r}"

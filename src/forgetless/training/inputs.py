@@ -1,0 +1,70 @@
+"""The data files a run reads, and their fingerprints: a resume must read what the run began on."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+from forgetless.config.schema import RunConfig, TaskConfig
+
+Fingerprint = dict[str, Any]
+CHUNK = 1 << 20
+
+
+def _task_files(task: TaskConfig) -> list[Path]:
+    if task.jsonl is not None:
+        local = [task.jsonl.train] + ([task.jsonl.eval] if task.jsonl.eval else [])
+    elif task.hf is not None:
+        named = task.hf.data_files
+        names = (
+            [named]
+            if isinstance(named, str)
+            else list(named.values() if isinstance(named, dict) else named or [])
+        )
+        local = [Path(task.hf.path), *map(Path, names)]
+    else:
+        local = []
+    return [p for p in local if p.exists()]
+
+
+def data_files(cfg: RunConfig) -> list[Path]:
+    """Every local file or dataset folder the tasks and task probes read, in config order."""
+    tasks = [*cfg.tasks, *(p for p in cfg.probes if isinstance(p, TaskConfig))]
+    seen: dict[str, Path] = {}
+    for task in tasks:
+        for path in _task_files(task):
+            seen.setdefault(str(path), path)
+    return list(seen.values())
+
+
+def _hash_into(digest: Any, path: Path) -> int:
+    size = 0
+    with path.open("rb") as handle:
+        while chunk := handle.read(CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+    return size
+
+
+def fingerprint(path: Path) -> Fingerprint:
+    """Size and SHA-256 of a file, or of a folder's files (names and contents, in order)."""
+    digest = hashlib.sha256()
+    if path.is_file():
+        return {"size": _hash_into(digest, path), "sha256": digest.hexdigest()}
+    size = 0
+    for inner in sorted(p for p in path.rglob("*") if p.is_file()):
+        digest.update(str(inner.relative_to(path)).encode())
+        size += _hash_into(digest, inner)
+    return {"size": size, "sha256": digest.hexdigest()}
+
+
+def fingerprints(cfg: RunConfig) -> dict[str, Fingerprint]:
+    return {str(path): fingerprint(path) for path in data_files(cfg)}
+
+
+def changed_inputs(before: dict[str, Fingerprint], now: dict[str, Fingerprint]) -> list[str]:
+    """The files whose fingerprint differs, or that one side lacks (an older run records none)."""
+    if not before:
+        return []
+    return sorted(p for p in set(before) | set(now) if before.get(p) != now.get(p))
