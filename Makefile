@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 CONSTRAINTS ?= constraints.txt
 PIN    := $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 
-.PHONY: setup smollm2 deepspeed browser demo test test-slow lint bench clean
+.PHONY: setup smollm2 deepspeed browser demo test test-slow studies lint bench clean
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -35,8 +35,8 @@ demo: setup  ## the bench demo from the shipped tiny base: compare methods, writ
 	$(VENV)/bin/forgetless bench --seeds 1 --out runs/demo
 
 lint: setup
-	$(VENV)/bin/ruff check src tests benchmarks
-	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks studies
+	$(VENV)/bin/ruff format --check src tests benchmarks studies
 	$(VENV)/bin/mypy src
 
 test: lint browser  ## the fast tier (what CI runs)
@@ -44,6 +44,9 @@ test: lint browser  ## the fast tier (what CI runs)
 
 test-slow: setup  ## long end-to-end and fault-injection tests
 	$(VENV)/bin/pytest -q -m slow
+
+studies: setup  ## the campaigns' checks, CI's second step: docs tables render from studies/results
+	$(VENV)/bin/pytest -q studies/tests
 
 bench: setup  ## every benchmark (benchmarks/run), then benchmarks/RESULTS.md; BENCH=--quick shrinks it
 	PYTHON=$(PY) benchmarks/run $(BENCH)

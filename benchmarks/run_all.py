@@ -63,7 +63,6 @@ JOBS = (
     Job("demo_time", "demo_time.py", (), ("--repeats", "1"), pinned=False),
     Job("demo_bench_time", "demo_time.py", ("--bench",), None, pinned=False),
     Job("sae_fd_anchor_precision", "sae_fd_anchor_precision.py", (), None, pinned=False),
-    Job("budget_overhead", "budget_overhead.py", (), None, default=False, pinned=False),
 )
 
 

@@ -3,7 +3,10 @@
 The public API, importable from here (each name is loaded on first use, so ``import forgetless``
 stays cheap)::
 
-    from forgetless import Runner, RunConfig, load_config, register_method, Method, MethodConfig
+    from forgetless import Runner, RunConfig, load_config, declare_method, Method, MethodConfig
+
+It also installs the method finder (``forgetless.methods``): a config may name a built-in method
+or one an installed package declares in the entry-point group ``forgetless.methods``.
 """
 
 from __future__ import annotations
@@ -11,11 +14,15 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from forgetless import methods as _methods  # noqa: F401  (installs the registry's finder)
+
 __version__ = "0.1.0"
 
 _PUBLIC = {
     "Runner": "forgetless.training.runner",
     "Results": "forgetless.training.results",
+    "Evaluator": "forgetless.eval.evaluator",
+    "ContinualTrainer": "forgetless.training.continual",
     "RunConfig": "forgetless.config.schema",
     "load_config": "forgetless.config.loading",
     "validate_config": "forgetless.config.loading",
@@ -28,6 +35,8 @@ _PUBLIC = {
     "Stage": "forgetless.contract",
     "TrainPlan": "forgetless.contract",
     "TrainStats": "forgetless.contract",
+    "Paper": "forgetless.contract",
+    "declare_method": "forgetless.contract",
     "register_method": "forgetless.contract",
     "registered_methods": "forgetless.contract",
     "create_method": "forgetless.contract",

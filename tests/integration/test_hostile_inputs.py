@@ -459,12 +459,12 @@ def test_disk_full_is_one_line_exit_1(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from forgetless.training import runner
+    from forgetless.training import run_writer
 
     def full(path: Path, text: str) -> None:
         raise OSError(28, "No space left on device", str(path))
 
-    monkeypatch.setattr(runner, "atomic_write_text", full)
+    monkeypatch.setattr(run_writer, "atomic_write_text", full)
     config = write_yaml(tmp_path / "c.yaml", small(tiny_model_dir))
     code, err = cli(capsys, "run", str(config), "--out", str(tmp_path / "out"), "--quiet")
     assert code == 1 and "No space left on device" in one_line(err)

@@ -145,8 +145,8 @@ def test_an_unregistered_experimental_rule_is_one_line_before_any_write(
 ) -> None:
     from forgetless.merging import streaming
 
-    monkeypatch.delitem(streaming.TENSOR_RULES, "gcwm", raising=False)
     cfg = _config(tiny_model_dir, [tasks["full1"]], {"name": "gcwm", "rank": 4})
+    monkeypatch.delitem(streaming.TENSOR_RULES, "gcwm", raising=False)
     with pytest.raises(ConfigError, match=r"import forgetless\.experimental\.gcwm_merge") as e:
         stream_merge(cfg, tmp_path / "o")
     assert "\n" not in str(e.value) and not (tmp_path / "o").exists()

@@ -384,15 +384,17 @@ def test_an_interrupted_merge_leaves_the_old_folder_whole(
 
 def _partial(config: Path, out: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Run ``config`` into ``out`` and stop it (an interrupt) as its second task begins."""
-    original = Runner._run_task
+    from forgetless.training.task_loop import TaskLoop
 
-    def stop_at_two(self: Runner, index: int, results: Any) -> None:
+    original = TaskLoop.run_task
+
+    def stop_at_two(self: TaskLoop, index: int, results: Any) -> None:
         if index == 2:
             raise KeyboardInterrupt
         original(self, index, results)
 
     with monkeypatch.context() as patch:
-        patch.setattr(Runner, "_run_task", stop_at_two)
+        patch.setattr(TaskLoop, "run_task", stop_at_two)
         with pytest.raises(KeyboardInterrupt):
             Runner(load_config(config), out, Console(quiet=True), progress=False).run()
 

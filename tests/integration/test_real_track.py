@@ -178,7 +178,7 @@ def test_base_row_is_evaluated_once_and_read_after(
 ) -> None:
     from conftest import tiny_run_config
 
-    from forgetless.training import runner as runner_module
+    from forgetless.training.task_loop import TaskLoop
 
     monkeypatch.setenv("FORGETLESS_CACHE", str(tmp_path / "cache"))
     raw = tiny_run_config(tiny_model_dir, tasks=["reverse", "cipher", "sort"])
@@ -189,13 +189,13 @@ def test_base_row_is_evaluated_once_and_read_after(
     assert all(a in (0.0, 1.0) for a in one["accuracy_matrix"][1])  # 1 example between tasks
 
     evaluated: list[int] = []
-    original = runner_module.Runner._record_row
+    original = TaskLoop.record_row
 
-    def counting(self: Runner, results: Any, model: Any) -> Any:
+    def counting(self: TaskLoop, results: Any, model: Any) -> Any:
         evaluated.append(len(results.accuracy))
         return original(self, results, model)
 
-    monkeypatch.setattr(runner_module.Runner, "_record_row", counting)
+    monkeypatch.setattr(TaskLoop, "record_row", counting)
     two = Runner(validate_config(raw), tmp_path / "b", Console(quiet=True), progress=False)
     again = two.run().to_json()
     assert evaluated == [1, 2, 3]  # every row but the base

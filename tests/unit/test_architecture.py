@@ -1,11 +1,14 @@
 """The house has floors that only look down: no import runs from a module to one on a higher
 floor, and no modules import each other in a circle (TYPE_CHECKING and function-level imports
-count too, and so does ``importlib.import_module`` of a module named in the code). The floors,
-from the ground up, are the ones docs/architecture.md describes."""
+count too, and so does ``importlib.import_module`` of a module named in the code). A module whose
+name is not in the code (``import_module(name)``, an entry point) is loaded only by the loaders
+named in ``LOADERS``, none below the methods floor. The floors, from the ground up, are the ones
+docs/architecture.md describes."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import forgetless
@@ -33,12 +36,21 @@ FLOORS: list[tuple[int, str]] = [
     (9, "forgetless.training"),
     (9, "forgetless.bench"),
     (9, "forgetless.testing"),
+    (9, "forgetless.integrations"),
     (10, "forgetless.diagnostics"),
     (10, "forgetless.report"),
     (11, "forgetless.cli"),
     (11, "forgetless.__main__"),
     (12, "forgetless"),
 ]
+
+
+LOADERS = {
+    "forgetless": "the public names, each loaded on first use",
+    "forgetless.methods": "the registry's finder: a built-in's module, or an entry point",
+}
+"""The modules that may load a module whose name is not written in the code, and what they load."""
+LOADING_CALLS = {"import_module", "__import__", "entry_points", "exec_module", "load_module"}
 
 
 def floor(module: str) -> int:
@@ -74,6 +86,30 @@ def _imported_by_name(node: ast.AST) -> str | None:
     return None
 
 
+def _loads_by_unwritten_name(node: ast.AST) -> bool:
+    """A call that loads a module named at run time: ``import_module``/``__import__`` of
+    anything but a literal, entry points, or a module executed from a spec."""
+    if not isinstance(node, ast.Call):
+        return False
+    func = node.func
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+    if name not in LOADING_CALLS:
+        return False
+    literal = bool(node.args) and isinstance(node.args[0], ast.Constant)
+    return name not in ("import_module", "__import__") or not literal
+
+
+def loads_by_unwritten_name() -> dict[str, list[int]]:
+    """Each module's lines that load a module named at run time."""
+    found: dict[str, list[int]] = {}
+    for path in SRC.rglob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        lines = [n.lineno for n in ast.walk(tree) if _loads_by_unwritten_name(n)]  # type: ignore[attr-defined]
+        if lines:
+            found[module_name(path)] = sorted(lines)
+    return found
+
+
 def imports() -> dict[str, set[str]]:
     """Every module's forgetless imports, wherever they stand in the file."""
     graph: dict[str, set[str]] = {}
@@ -98,6 +134,45 @@ def test_no_import_runs_upward() -> None:
         if floor(b) > floor(a)
     )
     assert not upward, "\n".join(upward)
+
+
+def test_only_the_loaders_load_a_module_named_at_run_time() -> None:
+    """A floor cannot hide an upward import behind a name it computes (the registry once
+    imported ``forgetless.methods.<name>`` from floor 0): only ``LOADERS`` may, and none of
+    them stands below the methods floor."""
+    hidden = sorted(
+        f"{module} (floor {floor(module)}), line {line}"
+        for module, lines in loads_by_unwritten_name().items()
+        if module not in LOADERS
+        for line in lines
+    )
+    assert not hidden, "loads a module named at run time:\n" + "\n".join(hidden)
+    assert all(floor(m) >= floor("forgetless.methods") for m in LOADERS)
+
+
+def test_nothing_stable_reaches_into_the_experimental_corner() -> None:
+    """The experimental corner plugs in through entry points (``pyproject.toml``), as an outside
+    package would: no stable module imports it or names its modules, docstrings included."""
+    corner = "forgetless.experimental"
+    reaching = sorted(
+        f"{a} -> {b}"
+        for a, targets in imports_cache.items()
+        if not (a == corner or a.startswith(corner + "."))
+        for b in targets
+        if b == corner or b.startswith(corner + ".")
+    )
+    assert not reaching, "\n".join(reaching)
+    stems = {p.stem for p in (SRC / "experimental").rglob("*.py")} - {"__init__", "methods"}
+    words = re.compile(r"\b(" + "|".join(map(re.escape, sorted(stems))) + r")\b", re.IGNORECASE)
+    naming = sorted(
+        f"{path.relative_to(SRC)}: {found.group(0)}"
+        for path in SRC.rglob("*")
+        if path.is_file()
+        and path.suffix in (".py", ".md", ".txt", ".json", ".yaml")
+        and "experimental" not in path.relative_to(SRC).parts
+        and (found := words.search(path.read_text(encoding="utf-8", errors="replace")))
+    )
+    assert not naming, "\n".join(naming)
 
 
 def _circle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -136,6 +211,9 @@ def test_the_check_catches_an_upward_import_and_a_circle() -> None:
     call = ast.parse('importlib.import_module("forgetless.experimental.gcwm")').body[0]
     assert _imported_by_name(call.value) == "forgetless.experimental.gcwm"  # type: ignore[attr-defined]
     assert _imported_by_name(ast.parse("import_module(name)").body[0].value) is None  # type: ignore[attr-defined]
+    dynamic = ["importlib.import_module(name)", "__import__(f'x.{y}')", "entry_points(group=g)"]
+    assert all(_loads_by_unwritten_name(ast.parse(c).body[0].value) for c in dynamic)  # type: ignore[attr-defined]
+    assert not _loads_by_unwritten_name(ast.parse('import_module("json")').body[0].value)  # type: ignore[attr-defined]
 
 
 def test_every_module_has_a_floor() -> None:

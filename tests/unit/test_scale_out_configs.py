@@ -243,13 +243,14 @@ def test_a_sharded_model_is_gathered_to_one_file_and_split_again(tmp_path: Path)
 
 def test_cluster_settings_are_checked_before_anything_is_submitted(tmp_path: Path) -> None:
     from forgetless.bench.cluster import run_on_cluster
-    from forgetless.bench.variants import ClusterSection, pop_bench_section
+    from forgetless.bench.variants import ClusterSection
+    from forgetless.config.loading import validate_config
 
     with pytest.raises(ConfigError, match="bench --cluster: 'pbs' is not one of slurm, local"):
         run_on_cluster([], "pbs", ClusterSection(), tmp_path, lambda *_: None)
-    typo = {"bench": {"cluster": {"partitoin": "gpu"}}}
+    typo = {"tasks": ["reverse"], "bench": {"cluster": {"partitoin": "gpu"}}}
     with pytest.raises(ConfigError, match=r"c\.yaml: bench.*cluster\.partitoin") as err:
-        pop_bench_section(typo, "c.yaml")
+        validate_config(typo, "c.yaml")
     assert "\n" not in str(err.value)
     assert not list(tmp_path.iterdir())  # no job folder was made
 

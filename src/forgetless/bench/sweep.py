@@ -73,6 +73,7 @@ def plan_runs(
         for seed in range(first_seed, first_seed + seeds):
             for order in range(orders):
                 data = copy.deepcopy(base)
+                data.pop("bench", None)  # a run ignores the bench that plans it
                 data["seed"], data["method"] = seed, copy.deepcopy(variant.method)
                 data["tasks"] = [
                     data["tasks"][i] for i in task_order(len(data["tasks"]), seed, order)

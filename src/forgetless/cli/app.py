@@ -83,21 +83,14 @@ def validate(
     ] = False,
 ) -> None:
     """Check a config (and its bench variants) without running anything (exit 2 on error)."""
-    import copy
-
     from forgetless.bench.sweep import plan_runs
-    from forgetless.bench.variants import pop_bench_section
     from forgetless.config.bounds import size_warnings
-    from forgetless.config.loading import apply_override, config_data, validate_config
+    from forgetless.config.loading import load_config_data
 
     source = str(config) if config else f"preset {preset}"
-    data = copy.deepcopy(config_data(config, preset))
-    section = pop_bench_section(data, source)
-    for assignment in set_ or []:
-        apply_override(data, assignment)
-    cfg = validate_config(data, source)
+    cfg, data = load_config_data(config, set_, preset)
     _check_builtin_names(cfg, source)
-    planned = plan_runs(data, section.variants, 1, 1, Path("."))
+    planned = plan_runs(data, cfg.bench.variants if cfg.bench else [], 1, 1, Path("."))
     checks = ([_check_shardable] if fsdp else []) + ([_check_zero] if zero else [])
     for check in checks:
         check(cfg, source)
@@ -157,11 +150,12 @@ def methods() -> None:
     """List the registered forgetting-control methods and the capabilities they use."""
     from forgetless.contract import registered_methods
 
-    table = Table("method", "capabilities", "description")
+    table = Table("method", "capabilities", "paper", "description")
     for name, cls in sorted(registered_methods().items()):
         caps = ", ".join(sorted(c.value for c in cls.capabilities)) or "-"
         summary = " ".join((cls.__doc__ or "").strip().split("\n\n")[0].split())
-        table.add_row(name, caps, summary)
+        paper = getattr(cls, "paper", None)
+        table.add_row(name, caps, escape(str(paper)) if paper else "-", summary)
     console.print(table)
 
 
@@ -274,17 +268,15 @@ def bench(
 ) -> None:
     """Run methods side by side on one sequence, seeds and budget; write bench.json + report."""
     from forgetless.bench.sweep import run_bench
-    from forgetless.bench.variants import parse_variant, pop_bench_section, select_variants
-    from forgetless.config.loading import apply_override, config_data
+    from forgetless.bench.variants import BenchSection, parse_variant, select_variants
+    from forgetless.config.loading import load_config_data
     from forgetless.config.presets import DEMO_BENCH_METHODS
     from forgetless.contract import registered_methods
     from forgetless.report.render import write_report
     from forgetless.report.table import bench_screen_table
 
-    data = dict(config_data(config, preset))
-    section = pop_bench_section(data, str(config) if config else f"preset {preset}")
-    for assignment in set_ or []:
-        apply_override(data, assignment)
+    cfg, data = load_config_data(config, set_, preset)
+    section = cfg.bench or BenchSection()
     if methods == "all":
         variants = [parse_variant(name) for name in sorted(registered_methods())]
     elif methods:

@@ -19,9 +19,7 @@ def merge(
     from forgetless.merging.config import load_merge_config
     from forgetless.merging.streaming import stream_merge
 
-    cfg = load_merge_config(config)
-    if cfg.method.name == "gcwm":
-        import forgetless.experimental.gcwm_merge  # noqa: F401  (registers the rule; warns)
+    cfg = load_merge_config(config)  # imports a declared merge method's module when named
     stats = stream_merge(cfg, out)
     extra = ""
     if stats.layers:

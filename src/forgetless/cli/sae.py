@@ -50,18 +50,10 @@ def _base_model(cfg: RunConfig, quiet: bool) -> tuple[Any, Any, torch.device, st
 
 
 def _load_config(config: Path | None, set_: list[str] | None, preset: str) -> RunConfig:
-    """The run config (a bench config's ``bench:`` section is set aside), with overrides."""
-    import copy
+    """The run config (a bench config's ``bench:`` section is typed and ignored here)."""
+    from forgetless.config.loading import load_config
 
-    from forgetless.bench.variants import pop_bench_section
-    from forgetless.config.loading import apply_override, config_data, validate_config
-
-    source = str(config) if config else f"preset {preset}"
-    data = copy.deepcopy(config_data(config, preset))
-    pop_bench_section(data, source)
-    for assignment in set_ or []:
-        apply_override(data, assignment)
-    return validate_config(data, source)
+    return load_config(config, set_, preset)
 
 
 def _task_list(tasks: str | None) -> list[str | dict[str, Any]] | None:

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from forgetless.config.bounds import check_fits
 from forgetless.config.schema import RunConfig
 from forgetless.errors import ConfigError
+
+T = TypeVar("T", bound=BaseModel)
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
@@ -118,14 +120,33 @@ def config_data(path: Path | None, preset: str = "tiny") -> dict[str, Any]:
     return PRESETS[preset]()
 
 
+def load_config_data(
+    path: Path | None, overrides: list[str] | None = None, preset: str = "tiny"
+) -> tuple[RunConfig, dict[str, Any]]:
+    """The one loader of run and bench files: a YAML config (or a built-in preset when ``path``
+    is None) with overrides, validated whole (its ``bench:`` section typed), and its raw data
+    without that section (what a bench's variants start from)."""
+    data = copy.deepcopy(config_data(path, preset))
+    for assignment in overrides or []:
+        apply_override(data, assignment)
+    config = validate_config(data, str(path) if path else f"preset {preset}")
+    data.pop("bench", None)
+    return config, data
+
+
 def load_config(
     path: Path | None, overrides: list[str] | None = None, preset: str = "tiny"
 ) -> RunConfig:
     """Load a YAML config (or a built-in preset when ``path`` is None) and apply overrides."""
-    data = copy.deepcopy(config_data(path, preset))
-    for assignment in overrides or []:
-        apply_override(data, assignment)
-    return validate_config(data, str(path) if path else f"preset {preset}")
+    return load_config_data(path, overrides, preset)[0]
+
+
+def load_typed(path: Path, model: type[T]) -> T:
+    """Any other config file the CLI reads (a merge): YAML into ``model``, one-line errors."""
+    try:
+        return model.model_validate(read_yaml(path))
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err, str(path))) from None
 
 
 def dump_config(config: RunConfig) -> str:

@@ -11,7 +11,7 @@ DEMO_BENCH_METHODS = ["seq_ft", "replay", "ewc", "kl_sft"]
 """The bench demo's methods: the baseline and one of each family (those registered run)."""
 
 SMOLLM2_SEQUENCE = ["it-json", "it-wordrev", "it-topic", "it-robot"]
-"""Four skills each learnt alone at the budget (benchmarks/results/real_tasks.json), chosen on
+"""Four skills each learnt alone at the budget (studies/results/real_tasks.json), chosen on
 the tuning seed 100 (docs/real-track.md); the persona task last."""
 SMOLLM2_TASK_LR = {"it-robot": 2e-3}
 """Per-task learning rates: the persona task, the one that moves the multiple-choice probe, at

@@ -16,6 +16,7 @@ from pydantic import (
     model_validator,
 )
 
+from forgetless.config.bench import BenchSection
 from forgetless.config.budget import BudgetConfig
 from forgetless.config.evaluation import (
     LmEvalProbe,
@@ -323,7 +324,7 @@ def method_config(value: Any) -> MethodConfig:
         raise ValueError("needs a name: a method name or {name: ..., options}")
     cls = registry.lookup(name)
     if cls is None:
-        known = ", ".join(sorted(registry.all_methods()))
+        known = ", ".join(sorted(registry.known_names()))
         raise ValueError(f"unknown method {name!r}; known: {known}")
     config: MethodConfig = cls.config_cls.model_validate(value)
     return config
@@ -356,6 +357,12 @@ class RunConfig(Strict):
         None,
         description="A forgetting budget the runner holds by steering the method's strength "
         "(docs/budget.md); None: the method's strength as configured.",
+    )
+    bench: BenchSection | None = Field(
+        None,
+        exclude=True,
+        description="What `forgetless bench` compares on this config (variants, seeds, orders); "
+        "a run ignores it, and it is not part of a run's resolved config.",
     )
 
     @field_validator("method", mode="before")

@@ -1,13 +1,14 @@
-"""The method interface: capabilities, hook contexts and the registry.
+"""The method interface: capabilities, hook contexts, the declaration and the registry.
 
-A forgetting-control method is one class in one file. It declares the capabilities it uses and
-overrides exactly the hooks those capabilities name; the runner calls nothing else. Registration
-checks that declaration and overrides agree, so a hook cannot be silently ignored.
+A forgetting-control method is one class in one file, declared once (``@declare_method``: its
+name, config class, capabilities and paper). It overrides exactly the hooks its capabilities
+name; the runner calls nothing else. Registration checks that declaration and overrides agree,
+so a hook cannot be silently ignored.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -150,6 +151,22 @@ class Knob:
     learning_rate: bool = False
 
 
+@dataclass(frozen=True)
+class Paper:
+    """The paper a method implements, as data (``forgetless methods`` and the docs cite it)."""
+
+    title: str
+    authors: str = ""
+    """Short form: ``Kirkpatrick et al.``."""
+    year: int | None = None
+    venue: str = ""
+    """Where it appeared: a venue, an arXiv id or both."""
+
+    def __str__(self) -> str:
+        who = " ".join(p for p in (self.authors, str(self.year or "")) if p)
+        return ", ".join(p for p in (who, f'"{self.title}"', self.venue) if p)
+
+
 ConfigT = TypeVar("ConfigT", bound=MethodConfig)
 
 
@@ -160,6 +177,8 @@ class Method(Generic[ConfigT]):
     name: ClassVar[str]
     config_cls: ClassVar[type[MethodConfig]]
     capabilities: ClassVar[frozenset[Capability]] = frozenset()
+    paper: ClassVar[Paper | None] = None
+    """The paper the method implements; None for a plain baseline."""
     reduce_ops: ClassVar[Mapping[str, ReduceOp]] = {}
     """How state tensors (by key prefix) are reduced across processes before they are saved."""
     lora_regimes: ClassVar[tuple[str, ...] | None] = None
@@ -269,7 +288,8 @@ def check_method_class(cls: type[Method]) -> None:
 
 
 def register_method(cls: type[Method]) -> type[Method]:
-    """Class decorator: add a method to the registry under its config's ``name`` literal."""
+    """Class decorator: add a method whose class sets ``name``, ``config_cls`` and
+    ``capabilities`` itself to the registry (``declare_method`` says them in one place)."""
     name = cls.name
     if not name.isidentifier() or name != name.lower():
         raise ValueError(f"method name {name!r} must be a lowercase identifier")
@@ -281,6 +301,32 @@ def register_method(cls: type[Method]) -> type[Method]:
     return cls
 
 
+MethodT = TypeVar("MethodT", bound=type[Method])
+
+
+def declare_method(
+    name: str,
+    config: type[MethodConfig],
+    capabilities: Iterable[Capability] = (),
+    paper: Paper | None = None,
+) -> Callable[[MethodT], MethodT]:
+    """Class decorator: a method's one declaration (its name, config class, capabilities and
+    paper), checked and registered.
+
+    ``config``'s ``name`` must be ``Literal[name]``; the class overrides the hooks of exactly
+    ``capabilities``. A module outside the package that declares a method is found through the
+    entry-point group ``forgetless.methods`` (docs/architecture.md).
+    """
+
+    def declare(cls: MethodT) -> MethodT:
+        cls.name, cls.config_cls, cls.paper = name, config, paper
+        cls.capabilities = frozenset(capabilities)
+        register_method(cls)
+        return cls
+
+    return declare
+
+
 def registered_methods() -> dict[str, type[Method]]:
     """All registered methods by name, the built-ins included."""
     return registry.all_methods()
@@ -289,7 +335,7 @@ def registered_methods() -> dict[str, type[Method]]:
 def method_class(name: str) -> type[Method]:
     cls = registry.lookup(name)
     if cls is None:
-        known = ", ".join(sorted(registry.all_methods()))
+        known = ", ".join(registry.known_names())
         raise KeyError(f"unknown method {name!r}; known: {known}")
     found: type[Method] = cls
     return found

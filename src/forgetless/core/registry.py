@@ -1,22 +1,51 @@
-"""The method registry: a name to a method class, the built-ins loaded on first use.
+"""The method registry: a name to a method class, and the rules read from a method's declaration.
 
-``forgetless.contract.register_method`` adds a class. A built-in method lives in
-``forgetless.methods.<name>`` (or, while experimental, ``forgetless.experimental.methods.<name>``)
-and is imported only when its name is first looked up, so that validating a config imports the
-one method it names, not every method's dependencies. Classes
-are held as ``Any``: this floor knows their declared attributes, not the contract's types.
+A method is declared once (``forgetless.contract.declare_method``), which adds it here. This
+floor imports nothing by name: a name it does not hold yet it asks the *finder* for, which the
+methods floor installs (``forgetless.methods``): it imports the built-in module that declares the
+name, or loads an outside package's entry point. Classes are held as ``Any``: this floor knows
+their declared attributes, not the contract's types.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import pkgutil
-from pathlib import Path
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-BUILTIN_PACKAGES = ("forgetless.methods", "forgetless.experimental.methods")
+METHODS = "forgetless.methods"
+"""The entry-point group an outside package declares its methods in."""
 _METHODS: dict[str, Any] = {}
+
+
+@dataclass(frozen=True)
+class Finder:
+    """Where names not registered yet are found, by entry-point group (``METHODS``, or another
+    registry's, such as the merge methods')."""
+
+    names: Callable[[str], list[str]]
+    """Every name declared in a group, nothing imported."""
+    load: Callable[[str, str], None]
+    """Import what declares a name of a group (nothing when no one declares it)."""
+
+
+_FINDER: list[Finder] = []
+
+
+def install_finder(finder: Finder) -> None:
+    """Set the finder (``forgetless.methods`` does, on import; the last one installed wins)."""
+    _FINDER[:] = [finder]
+
+
+def declared_names(group: str) -> list[str]:
+    """The names declared in ``group``, registered or not, without importing any."""
+    return [n for finder in _FINDER for n in finder.names(group)]
+
+
+def load_declared(group: str, name: str) -> None:
+    """Import what declares ``name`` in ``group``, when something does."""
+    for finder in _FINDER:
+        finder.load(group, name)
 
 
 def add(name: str, cls: Any) -> None:
@@ -25,34 +54,22 @@ def add(name: str, cls: Any) -> None:
     _METHODS[name] = cls
 
 
-def _module_names(package: str) -> list[str]:
-    """The modules of ``package``, found on disk without importing it (importing the
-    experimental corner warns, and a lookup of a stable method must not)."""
-    top, *rest = package.split(".")
-    spec = importlib.util.find_spec(top)
-    roots = list(spec.submodule_search_locations or []) if spec else []
-    paths = [str(Path(root, *rest)) for root in roots]
-    return [m.name for m in pkgutil.iter_modules(paths) if not m.name.startswith("_")]
-
-
-def _builtin_modules() -> list[str]:
-    """``package.module`` of every built-in method module, stable first."""
-    return [f"{p}.{m}" for p in BUILTIN_PACKAGES for m in _module_names(p)]
-
-
 def lookup(name: str) -> Any | None:
-    """The class registered as ``name`` (importing its built-in module if needed), or None."""
+    """The class registered as ``name`` (loading its declaration if needed), or None."""
     if name not in _METHODS and name.isidentifier():
-        module = next((m for m in _builtin_modules() if m.rsplit(".", 1)[1] == name), None)
-        if module is not None:
-            importlib.import_module(module)
+        load_declared(METHODS, name)
     return _METHODS.get(name)
 
 
+def known_names() -> list[str]:
+    """Every method name, registered or only declared, sorted (for error messages: cheap)."""
+    return sorted(set(_METHODS) | set(declared_names(METHODS)))
+
+
 def all_methods() -> dict[str, Any]:
-    """Every registered method, the built-ins imported (for listings and error messages)."""
-    for module in _builtin_modules():
-        importlib.import_module(module)
+    """Every method, each declared one loaded (for listings)."""
+    for name in declared_names(METHODS):
+        lookup(name)
     return dict(_METHODS)
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, fields
 from typing import Literal
 
 import torch
+from pydantic import BaseModel, Field
 
 import forgetless.experimental  # noqa: F401  (the import warning)
 from forgetless.diagnostics.geometry import (
@@ -35,7 +36,6 @@ from forgetless.diagnostics.geometry import (
     normalized_bw_sq,
     trace_normalized,
 )
-from forgetless.merging.config import GCWMParams
 
 Metric = Literal["barycenter", "mean"]
 GateDirection = Literal["hold_back", "amplify"]
@@ -59,6 +59,58 @@ class GCWMOptions:
     max_iter: int = 50
     tol: float = 1e-6
     rcond: float = 1e-10
+
+
+class GCWMParams(BaseModel):
+    """GCWM's knobs (docs/merging.md); the merge config and the continual method share them."""
+
+    rank: int = Field(
+        64,
+        ge=1,
+        description="Truncated-SVD rank kept per task update of a dense (full fine-tuning) "
+        "matrix; LoRA updates are used exactly. Toolkit default (the paper gives none).",
+    )
+    metric: Metric = Field(
+        "barycenter",
+        description="Shared metric: the Gaussian Wasserstein barycenter of the task geometries "
+        "(the paper), or their arithmetic mean (the paper's ablation).",
+    )
+    conflict_cancellation: bool = Field(
+        True,
+        description="Let the layer's conflict govern the correction branch (the paper). False is "
+        "the paper's 'no conflict cancellation' ablation, read here as a constant gate = strength.",
+    )
+    gate_direction: GateDirection = Field(
+        "hold_back",
+        description="hold_back (the paper's text): high conflict holds back the geometry-aware "
+        "correction, g = β(1 − h(κ)); amplify (a public implementation): g = β·h(κ).",
+    )
+    gate_shape: GateShape = Field(
+        "linear",
+        description="h(κ): κ itself, σ((κ − threshold)/temperature), or 1[κ > threshold].",
+    )
+    threshold: float = Field(0.5, ge=0, le=1, description="κ threshold of the sigmoid/step gate.")
+    temperature: float = Field(0.1, gt=0, description="Temperature of the sigmoid gate.")
+    strength: float = Field(
+        1.0, ge=0, le=1, description="β, the largest weight of the correction branch."
+    )
+    conflict_trace_normalized: bool = Field(
+        False, description="Compute the conflict on C / tr C (removes the update-size effect)."
+    )
+    metric_floor: float = Field(
+        1.0,
+        ge=0,
+        description="ρ: the metric's eigenvalues on the shared span are floored at ρ·tr S / K "
+        "before whitening (a barycenter of low-rank geometries is itself low rank). Toolkit.",
+    )
+    consensus_ridge: float = Field(
+        1e-2,
+        ge=0,
+        description="ε: ridge ε·tr(ΣP)/K on the consensus system (near-parallel task subspaces "
+        "make it ill-conditioned). Toolkit default.",
+    )
+    max_iter: int = Field(50, ge=1, description="Barycenter fixed-point iterations at most.")
+    tol: float = Field(1e-6, gt=0, description="Barycenter stop: relative Frobenius change.")
 
 
 def options_of(params: GCWMParams) -> GCWMOptions:

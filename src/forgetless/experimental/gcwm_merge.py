@@ -1,21 +1,32 @@
-"""GCWM as a rule of the streaming merge: importing this module registers it.
+"""GCWM as a method of ``forgetless merge``: importing this module registers its config and its
+per-tensor rule.
 
-``forgetless merge`` imports it when a config names ``gcwm``; the stable merge
-(``forgetless.merging.streaming``) only looks the rule up, so it never imports this corner.
+A merge config that names ``gcwm`` imports it through the entry-point group
+``forgetless.merge_methods`` (declared in forgetless's ``pyproject.toml``); the stable merge only
+looks the method up, so it never imports this corner by name.
+
 Plain branch ``Σ_t w_t τ_t`` on every tensor; on the block matrices the geometry correction of
 ``gcwm_layer`` on rank-``r`` factors of each update (LoRA updates are factored already).
 """
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
+from pydantic import Field
 
 from forgetless.core.lowrank import LowRank
-from forgetless.experimental.gcwm import gcwm_layer, options_of, truncate
+from forgetless.experimental.gcwm import GCWMParams, gcwm_layer, options_of, truncate
 from forgetless.merging.blocks import is_block_matrix
-from forgetless.merging.config import GCWMParams
+from forgetless.merging.config import MergeMethodConfig, register_merge_method
 from forgetless.merging.streaming import Delta, TensorMerge, register_tensor_rule
 from forgetless.merging.task_arithmetic import COMPUTE, weighted_sum
+
+
+@register_merge_method
+class GCWMMerge(MergeMethodConfig, GCWMParams):
+    name: Literal["gcwm"] = Field(description="Geometry-conflict Wasserstein merging.")
 
 
 def factored(delta: Delta | None, base: torch.Tensor, rank: int) -> LowRank:
@@ -30,7 +41,7 @@ def factored(delta: Delta | None, base: torch.Tensor, rank: int) -> LowRank:
     return found
 
 
-def gcwm_tensor(params: GCWMParams, t: TensorMerge) -> torch.Tensor:
+def gcwm_tensor(params: GCWMMerge, t: TensorMerge) -> torch.Tensor:
     """One tensor's merged update; the layer's conflict and gate go into the merge's stats."""
     plain = weighted_sum(t.dense(), t.weights)
     if not is_block_matrix(t.name, t.base):

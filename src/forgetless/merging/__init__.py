@@ -1,8 +1,9 @@
 """Merging task updates: pure tensor functions, and a streaming merge over safetensors.
 
-GCWM lives in ``forgetless.experimental`` until its tests and bench rows stand: importing
-``forgetless.experimental.gcwm_merge`` registers it as a rule of the streaming merge
-(``register_tensor_rule``), so this floor never imports the experimental corner.
+A merge method from outside this floor (the experimental corner's, or another package's)
+registers its config (``config.register_merge_method``) and its per-tensor rule
+(``streaming.register_tensor_rule``) when imported; the merge config finds that module through the
+entry-point group ``forgetless.merge_methods``, so this floor imports none of them by name.
 """
 
 from forgetless.merging.dare import dare

@@ -9,73 +9,29 @@ tasks:                              # full model folders or PEFT adapter folders
   - path: adapters/task-2
 method: {name: ties, density: 0.2, scaling: 1.0}
 ```
+
+``method`` is resolved by name through ``MERGE_METHODS``: the built-in rules below, and any a
+module registers with ``register_merge_method``. A module that declares itself in the entry-point
+group ``forgetless.merge_methods`` (the experimental corner does) is imported when a config first
+names its method, so this floor never imports it by name.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, SerializeAsAny, ValidationError, field_validator
 
-from forgetless.errors import ConfigError
+from forgetless.core import registry
 from forgetless.strict import StrictModel
+
+MERGE_METHODS_GROUP = "forgetless.merge_methods"
+"""The entry-point group a package declares its merge methods in."""
 
 
 class Strict(StrictModel):
     """A merge config section (unknown keys, non-finite numbers, booleans for numbers refused)."""
-
-
-class GCWMParams(BaseModel):
-    """GCWM's knobs (docs/merging.md); the merge config and the continual method share them."""
-
-    rank: int = Field(
-        64,
-        ge=1,
-        description="Truncated-SVD rank kept per task update of a dense (full fine-tuning) "
-        "matrix; LoRA updates are used exactly. Toolkit default (the paper gives none).",
-    )
-    metric: Literal["barycenter", "mean"] = Field(
-        "barycenter",
-        description="Shared metric: the Gaussian Wasserstein barycenter of the task geometries "
-        "(the paper), or their arithmetic mean (the paper's ablation).",
-    )
-    conflict_cancellation: bool = Field(
-        True,
-        description="Let the layer's conflict govern the correction branch (the paper). False is "
-        "the paper's 'no conflict cancellation' ablation, read here as a constant gate = strength.",
-    )
-    gate_direction: Literal["hold_back", "amplify"] = Field(
-        "hold_back",
-        description="hold_back (the paper's text): high conflict holds back the geometry-aware "
-        "correction, g = β(1 − h(κ)); amplify (a public implementation): g = β·h(κ).",
-    )
-    gate_shape: Literal["linear", "sigmoid", "step"] = Field(
-        "linear",
-        description="h(κ): κ itself, σ((κ − threshold)/temperature), or 1[κ > threshold].",
-    )
-    threshold: float = Field(0.5, ge=0, le=1, description="κ threshold of the sigmoid/step gate.")
-    temperature: float = Field(0.1, gt=0, description="Temperature of the sigmoid gate.")
-    strength: float = Field(
-        1.0, ge=0, le=1, description="β, the largest weight of the correction branch."
-    )
-    conflict_trace_normalized: bool = Field(
-        False, description="Compute the conflict on C / tr C (removes the update-size effect)."
-    )
-    metric_floor: float = Field(
-        1.0,
-        ge=0,
-        description="ρ: the metric's eigenvalues on the shared span are floored at ρ·tr S / K "
-        "before whitening (a barycenter of low-rank geometries is itself low rank). Toolkit.",
-    )
-    consensus_ridge: float = Field(
-        1e-2,
-        ge=0,
-        description="ε: ridge ε·tr(ΣP)/K on the consensus system (near-parallel task subspaces "
-        "make it ill-conditioned). Toolkit default.",
-    )
-    max_iter: int = Field(50, ge=1, description="Barycenter fixed-point iterations at most.")
-    tol: float = Field(1e-6, gt=0, description="Barycenter stop: relative Frobenius change.")
 
 
 class TaskArithmeticParams(BaseModel):
@@ -134,30 +90,81 @@ class OPCMParams(BaseModel):
     )
 
 
-class TaskArithmeticMerge(Strict, TaskArithmeticParams):
+class MergeMethodConfig(Strict):
+    """Base of a merge method's parameters; each pins ``name`` to a ``Literal``."""
+
+    name: str
+
+
+MergeT = TypeVar("MergeT", bound=MergeMethodConfig)
+MERGE_METHODS: dict[str, type[MergeMethodConfig]] = {}
+"""Each merge method's config class by name (the per-tensor rules are ``streaming``'s)."""
+
+
+def register_merge_method(cls: type[MergeT]) -> type[MergeT]:
+    """Class decorator: let a merge config name ``cls``'s method. A rule merged tensor by tensor
+    also registers its merge (``forgetless.merging.streaming.register_tensor_rule``)."""
+    names: tuple[Any, ...] = getattr(cls.model_fields["name"].annotation, "__args__", ())
+    if len(names) != 1 or not isinstance(names[0], str):
+        raise TypeError(f"{cls.__name__}.name must be a Literal of one name")
+    if MERGE_METHODS.get(names[0], cls) is not cls:
+        raise ValueError(f"merge method {names[0]!r} is already registered")
+    MERGE_METHODS[names[0]] = cls
+    return cls
+
+
+@register_merge_method
+class TaskArithmeticMerge(MergeMethodConfig, TaskArithmeticParams):
     name: Literal["task_arithmetic"] = Field(description="θ = θ₀ + λ Σ w_t τ_t (Ilharco 2023).")
 
 
-class TiesMerge(Strict, TiesParams):
+@register_merge_method
+class TiesMerge(MergeMethodConfig, TiesParams):
     name: Literal["ties"] = Field(description="TIES-merging (Yadav et al. 2023).")
 
 
-class DareMerge(Strict, DareParams):
+@register_merge_method
+class DareMerge(MergeMethodConfig, DareParams):
     name: Literal["dare"] = Field(description="DARE then task arithmetic (Yu et al. 2024).")
 
 
-class OPCMMerge(Strict, OPCMParams):
+@register_merge_method
+class OPCMMerge(MergeMethodConfig, OPCMParams):
     name: Literal["opcm"] = Field(description="Orthogonal projection continual merging.")
 
 
-class GCWMMerge(Strict, GCWMParams):
-    name: Literal["gcwm"] = Field(description="Geometry-conflict Wasserstein merging.")
+def merge_method_class(name: str) -> type[MergeMethodConfig] | None:
+    """The config class of merge method ``name`` (importing its declaration if needed), or None."""
+    if name not in MERGE_METHODS and name.isidentifier():
+        registry.load_declared(MERGE_METHODS_GROUP, name)
+    return MERGE_METHODS.get(name)
 
 
-MergeMethod = Annotated[
-    TaskArithmeticMerge | TiesMerge | DareMerge | OPCMMerge | GCWMMerge,
-    Field(discriminator="name"),
-]
+def merge_method(value: Any) -> MergeMethodConfig:
+    """A ``method`` entry as its merge method's own config; errors located under its name."""
+    if isinstance(value, MergeMethodConfig):
+        return value
+    name = value.get("name") if isinstance(value, dict) else None
+    if not isinstance(name, str):
+        raise ValueError("needs a name: {name: ..., its options}")
+    cls = merge_method_class(name)
+    if cls is None:
+        known = sorted(set(MERGE_METHODS) | set(registry.declared_names(MERGE_METHODS_GROUP)))
+        raise ValueError(f"unknown merge method {name!r}; known: {', '.join(known)}")
+    try:
+        return cls.model_validate(value)
+    except ValidationError as err:
+        raise _under(name, err) from None
+
+
+def _under(name: str, err: ValidationError) -> ValidationError:
+    """``err`` with each location under ``name`` (``method.ties.density``)."""
+    details = [
+        {"type": e["type"], "loc": (name, *e["loc"]), "input": e["input"]}
+        | ({"ctx": e["ctx"]} if "ctx" in e else {})
+        for e in err.errors(include_url=False)
+    ]
+    return ValidationError.from_exception_data(err.title, details)  # type: ignore[arg-type]
 
 
 class MergeTask(Strict):
@@ -168,19 +175,21 @@ class MergeTask(Strict):
 class MergeConfig(Strict):
     base_model: Path = Field(description="Local HF model folder the tasks were trained from.")
     tasks: list[MergeTask] = Field(min_length=1, description="Task checkpoints, in order.")
-    method: MergeMethod = Field(description="Merge method and its parameters.")
+    method: SerializeAsAny[MergeMethodConfig] = Field(
+        description="Merge method and its parameters: {name: ..., its options}."
+    )
     dtype: Literal["base", "float32", "bfloat16", "float16"] = Field(
         "base", description="Output dtype; base keeps each tensor's dtype."
     )
 
+    @field_validator("method", mode="before")
+    @classmethod
+    def _resolve_method(cls, value: Any) -> MergeMethodConfig:
+        return merge_method(value)
+
 
 def load_merge_config(path: Path) -> MergeConfig:
     """YAML → :class:`MergeConfig`; any problem is one ConfigError line naming the field."""
-    from pydantic import ValidationError
+    from forgetless.config.loading import load_typed
 
-    from forgetless.config.loading import format_validation_error, read_yaml
-
-    try:
-        return MergeConfig.model_validate(read_yaml(path))
-    except ValidationError as err:
-        raise ConfigError(format_validation_error(err, str(path))) from None
+    return load_typed(path, MergeConfig)

@@ -25,10 +25,7 @@ from forgetless.core.storage import atomic_write_json, temp_file_name, tensor_sh
 from forgetless.core.tensor_files import TIED, WEIGHTS_FILE, TensorFiles, adapter_terms
 from forgetless.errors import ConfigError
 from forgetless.merging.blocks import is_block_matrix
-from forgetless.merging.config import (
-    MergeConfig,
-    OPCMMerge,
-)
+from forgetless.merging.config import MERGE_METHODS, MergeConfig, OPCMMerge
 from forgetless.merging.dare import dare
 from forgetless.merging.opcm import opcm_accumulate, opcm_lambda
 from forgetless.merging.task_arithmetic import COMPUTE, task_vector, weighted_sum
@@ -218,7 +215,7 @@ def dense(delta: Delta | None, like: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class MergeStats:
-    """Per-tensor records of a merge (GCWM conflicts and gates, OPCM's λ)."""
+    """Per-tensor records of a merge (a rule's per-layer conflicts and gates, OPCM's λ)."""
 
     layers: dict[str, dict[str, float]] = field(default_factory=dict)
     scalars: dict[str, float] = field(default_factory=dict)
@@ -269,22 +266,22 @@ TENSOR_RULES: dict[str, TensorRule] = {
     "dare": _dare,
 }
 """The per-tensor merge of every rule but OPCM, whose λ needs a first pass over the model."""
-EXPERIMENTAL_RULES = {"gcwm": "forgetless.experimental.gcwm_merge"}
-"""Rules that register themselves from the experimental corner, and the module that does."""
 
 
 def register_tensor_rule(name: str, rule: TensorRule) -> None:
-    """Add the per-tensor merge of the config method ``name`` (an experimental module does)."""
+    """Add the per-tensor merge of the config method ``name`` (the module that declares the
+    method's config with ``register_merge_method`` does, beside it)."""
     TENSOR_RULES[name] = rule
 
 
 def tensor_rule(name: str) -> TensorRule:
-    """The registered rule of ``name``; one ConfigError line when its module was not imported."""
+    """The registered rule of ``name``; one ConfigError line when its module did not add one."""
     if name not in TENSOR_RULES:
-        module = EXPERIMENTAL_RULES.get(name, "the module that registers it")
+        declared = MERGE_METHODS.get(name)
+        module = declared.__module__ if declared else "the module that declares it"
         raise ConfigError(
-            f"method.name {name!r}: this merge rule is experimental and not registered; "
-            f"import {module} first (the `forgetless merge` command does)"
+            f"method.name {name!r}: no per-tensor merge is registered for this method; "
+            f"import {module} first (it registers one with register_tensor_rule)"
         )
     return TENSOR_RULES[name]
 

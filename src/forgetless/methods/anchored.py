@@ -21,10 +21,11 @@ from forgetless.contract.method import (
     LossFn,
     Method,
     MethodConfig,
+    Paper,
     Stage,
     StepContext,
     TaskContext,
-    register_method,
+    declare_method,
 )
 from forgetless.contract.plan import TrainStats
 from forgetless.core import sharding
@@ -184,7 +185,12 @@ def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
-@register_method
+@declare_method(
+    "anchored",
+    AnchoredConfig,
+    capabilities={Capability.TRAIN_STAGE},
+    paper=Paper("Stabilizing LLM Supervised Fine-Tuning via Explicit Distributional Control"),
+)
 class Anchored(Method[AnchoredConfig]):
     """Anchored Learning ("Stabilizing LLM Supervised Fine-Tuning via Explicit Distributional
     Control"; summary in shared/papers/002). Per task: a frozen SFT reference p_sft (trained once
@@ -202,10 +208,7 @@ class Anchored(Method[AnchoredConfig]):
     Nothing is kept across tasks: a resumed run rebuilds the same reference from its checkpoint.
     """
 
-    name = "anchored"
-    config_cls = AnchoredConfig
     smoke: ClassVar[dict[str, Any]] = {"outer_iterations": 2, "inner_steps": 2, "top_k": 8}
-    capabilities = frozenset({Capability.TRAIN_STAGE})
     unsharded = None  # its reference and snapshots are split like the student (copy_model)
 
     def __init__(self, config: AnchoredConfig) -> None:

@@ -26,11 +26,12 @@ from forgetless.contract.method import (
     Method,
     MethodConfig,
     MethodState,
+    Paper,
     ReduceOp,
     StepContext,
     TaskContext,
     TaskEndContext,
-    register_method,
+    declare_method,
     trainable_parameters,
 )
 from forgetless.core import sharding
@@ -84,7 +85,22 @@ class AttributionGateConfig(MethodConfig):
     )
 
 
-@register_method
+@declare_method(
+    "attribution_gate",
+    AttributionGateConfig,
+    capabilities={
+        Capability.UPDATE_GATE,
+        Capability.ACTIVATION_HOOKS,
+        Capability.TASK_END,
+        Capability.STATE,
+    },
+    paper=Paper(
+        "Attribution-Guided Continual Learning for Large Language Models",
+        "Liu et al.",
+        2026,
+        "arXiv:2605.05285",
+    ),
+)
 class AttributionGate(Method[AttributionGateConfig]):
     """Attribution-guided continual fine-tuning (Liu et al. 2026, "Attribution-Guided Continual
     Learning for Large Language Models", arXiv:2605.05285). After each task, parameter relevance
@@ -96,20 +112,10 @@ class AttributionGate(Method[AttributionGateConfig]):
     afresh for each task, so its state is reset at task boundaries.
     """
 
-    name = "attribution_gate"
     carry_only = "keeps its map by parameter name"
-    config_cls = AttributionGateConfig
     knob = Knob("strength", keeps_more="higher", low=1e-3, high=1.0)
     """Under a budget: s in the gate 1 − s·R̄, rewritten in place when it moves."""
     smoke: ClassVar[dict[str, Any]] = {"max_samples": 4}
-    capabilities = frozenset(
-        {
-            Capability.UPDATE_GATE,
-            Capability.ACTIVATION_HOOKS,
-            Capability.TASK_END,
-            Capability.STATE,
-        }
-    )
     reduce_ops: ClassVar[Mapping[str, ReduceOp]] = {"importance": "max"}
     unsharded = None  # maps made whole from the relevance shards; each gate split like its weight
 

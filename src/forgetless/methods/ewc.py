@@ -16,10 +16,11 @@ from forgetless.contract.method import (
     Method,
     MethodConfig,
     MethodState,
+    Paper,
     ReduceOp,
     StepContext,
     TaskEndContext,
-    register_method,
+    declare_method,
     trainable_parameters,
 )
 from forgetless.core import distributed, sharding
@@ -100,7 +101,14 @@ class EWCConfig(MethodConfig):
     )
 
 
-@register_method
+@declare_method(
+    "ewc",
+    EWCConfig,
+    capabilities={Capability.LOSS_TERMS, Capability.TASK_END, Capability.STATE},
+    paper=Paper(
+        "Overcoming catastrophic forgetting in neural networks", "Kirkpatrick et al.", 2017, "PNAS"
+    ),
+)
 class EWC(Method[EWCConfig]):
     """Elastic weight consolidation (Kirkpatrick et al. 2017, "Overcoming catastrophic forgetting
     in neural networks", PNAS), in the online form of Schwarz et al. 2018 ("Progress & Compress"):
@@ -110,14 +118,11 @@ class EWC(Method[EWCConfig]):
     weights (Fisher and anchor) on the device.
     """
 
-    name = "ewc"
     carry_only = "anchors weights by name"
     unsharded = None  # Fisher and anchor are element-wise: each process keeps its shards
-    config_cls = EWCConfig
     knob = Knob("lam", keeps_more="higher", low=1.0, high=1e9)
     """Under a budget: λ, the penalty weight."""
     smoke: ClassVar[dict[str, Any]] = {"lam": 1e4, "fisher_samples": 8, "fisher_batch_size": 4}
-    capabilities = frozenset({Capability.LOSS_TERMS, Capability.TASK_END, Capability.STATE})
     window_ok = True  # its penalty reads the weights, never the logits
     reduce_ops: ClassVar[Mapping[str, ReduceOp]] = {"fisher": "mean"}
 

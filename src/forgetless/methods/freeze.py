@@ -17,7 +17,7 @@ from forgetless.contract.method import (
     Method,
     MethodConfig,
     TaskContext,
-    register_method,
+    declare_method,
 )
 from forgetless.errors import ConfigError
 
@@ -73,7 +73,7 @@ class FreezeConfig(MethodConfig):
     )
 
 
-@register_method
+@declare_method("freeze", FreezeConfig, capabilities={Capability.TASK_START})
 class Freeze(Method[FreezeConfig]):
     """Layer freezing, the heuristic baseline that parameter-selective methods compare against.
 
@@ -85,10 +85,7 @@ class Freeze(Method[FreezeConfig]):
     chosen layers gets ``requires_grad=False`` at each task start, so the optimizer never sees it.
     """
 
-    name = "freeze"
-    config_cls = FreezeConfig
     smoke: ClassVar[dict[str, Any]] = {"train_top_layers": 1}
-    capabilities = frozenset({Capability.TASK_START})
     unsharded = None  # requires_grad is per parameter: FSDP2 skips the frozen shards' gradients
 
     def __init__(self, config: FreezeConfig) -> None:

@@ -14,9 +14,10 @@ from forgetless.contract.method import (
     Knob,
     Method,
     MethodConfig,
+    Paper,
     StepContext,
     TaskContext,
-    register_method,
+    declare_method,
 )
 from forgetless.errors import ModelLoadError
 from forgetless.eval import metrics
@@ -67,7 +68,12 @@ class KLSFTConfig(MethodConfig):
     )
 
 
-@register_method
+@declare_method(
+    "kl_sft",
+    KLSFTConfig,
+    capabilities={Capability.TASK_START, Capability.LOSS_TERMS},
+    paper=Paper("Stabilizing LLM Supervised Fine-Tuning via Explicit Distributional Control"),
+)
 class KLSFT(Method[KLSFTConfig]):
     """KL-SFT, a baseline of Anchored Learning ("Stabilizing LLM Supervised Fine-Tuning via
     Explicit Distributional Control"; summary in shared/papers/002): the task's cross-entropy
@@ -82,14 +88,11 @@ class KLSFT(Method[KLSFTConfig]):
     task gets the same reference as an uninterrupted one.
     """
 
-    name = "kl_sft"
-    config_cls = KLSFTConfig
     # Runs beside FSDP2 shards: the frozen reference stays whole on each process.
     unsharded = None
     knob = Knob("beta", keeps_more="higher", low=1e-4, high=1e3)
     """Under a budget: β, the KL weight."""
     smoke: ClassVar[dict[str, Any]] = {"beta": 0.1}
-    capabilities = frozenset({Capability.TASK_START, Capability.LOSS_TERMS})
 
     def __init__(self, config: KLSFTConfig) -> None:
         super().__init__(config)

@@ -11,8 +11,9 @@ from forgetless.contract.method import (
     Knob,
     Method,
     MethodConfig,
+    Paper,
     Stage,
-    register_method,
+    declare_method,
 )
 from forgetless.contract.plan import TrainStats
 
@@ -32,7 +33,12 @@ class LowLRConfig(MethodConfig):
     )
 
 
-@register_method
+@declare_method(
+    "low_lr",
+    LowLRConfig,
+    capabilities={Capability.TRAIN_STAGE},
+    paper=Paper("Stabilizing LLM Supervised Fine-Tuning via Explicit Distributional Control"),
+)
 class LowLR(Method[LowLRConfig]):
     """Low-SFT, a baseline of Anchored Learning ("Stabilizing LLM Supervised Fine-Tuning via
     Explicit Distributional Control"; summary in shared/papers/002): plain SFT whose learning
@@ -41,14 +47,11 @@ class LowLR(Method[LowLRConfig]):
     loop with the task's resolved plan (steps, schedule, clipping).
     """
 
-    name = "low_lr"
-    config_cls = LowLRConfig
     knob = Knob(
         "lr_factor", keeps_more="lower", low=0.01, high=10.0, learning_rate=True
     )  # budget: a factor on its reduced learning rate
     unsharded = None  # the shared loop only: runs on FSDP2 shards
     smoke: ClassVar[dict[str, Any]] = {"lr_scale": 0.1}
-    capabilities = frozenset({Capability.TRAIN_STAGE})
 
     def __init__(self, config: LowLRConfig) -> None:
         super().__init__(config)

@@ -7,7 +7,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from forgetless.contract.method import Capability, Method, MethodConfig, Stage, register_method
+from forgetless.contract.method import Capability, Method, MethodConfig, Stage, declare_method
 from forgetless.contract.plan import TrainStats
 from forgetless.tasks.base import Task
 from forgetless.tasks.formatting import Features, encode_example
@@ -32,7 +32,7 @@ class MTLConfig(MethodConfig):
     name: Literal["mtl"] = Field("mtl", description="Joint multi-task training (upper reference).")
 
 
-@register_method
+@declare_method("mtl", MTLConfig, capabilities={Capability.TRAIN_STAGE})
 class MTL(Method[MTLConfig]):
     """Joint multi-task training (MTL): not continual, the reference continual methods aim for.
 
@@ -47,9 +47,6 @@ class MTL(Method[MTLConfig]):
     ``joint_training`` tells the report to leave out BWT/FWT.
     """
 
-    name = "mtl"
-    config_cls = MTLConfig
-    capabilities = frozenset({Capability.TRAIN_STAGE})
     unsharded = None  # one stage of the shared loop: runs on FSDP2 shards
     joint_training: ClassVar[bool] = True
 

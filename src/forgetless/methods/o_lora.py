@@ -19,9 +19,10 @@ from forgetless.contract.method import (
     Capability,
     Method,
     MethodConfig,
+    Paper,
     StepContext,
     TaskContext,
-    register_method,
+    declare_method,
 )
 from forgetless.core import distributed, sharding
 
@@ -96,7 +97,17 @@ class OLoRAConfig(MethodConfig):
     )
 
 
-@register_method
+@declare_method(
+    "o_lora",
+    OLoRAConfig,
+    capabilities={Capability.TASK_START, Capability.LOSS_TERMS},
+    paper=Paper(
+        "Orthogonal Subspace Learning for Language Model Continual Learning",
+        "Wang et al.",
+        2023,
+        "Findings of EMNLP, arXiv:2310.14152",
+    ),
+)
 class OLoRA(Method[OLoRAConfig]):
     """Orthogonal subspace learning for continual learning (Wang et al., 2023).
 
@@ -110,9 +121,6 @@ class OLoRA(Method[OLoRAConfig]):
     evaluated model is the sum of all task adapters, as in the paper.
     """
 
-    name = "o_lora"
-    config_cls = OLoRAConfig
-    capabilities = frozenset({Capability.TASK_START, Capability.LOSS_TERMS})
     window_ok = True  # its penalty reads the adapters, never the logits
     lora_regimes = ("per_task",)
     unsharded = None  # adapters attached before the split; A gathered whole for the loss

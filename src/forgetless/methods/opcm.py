@@ -11,8 +11,9 @@ from forgetless.contract.method import (
     Method,
     MethodConfig,
     MethodState,
+    Paper,
     Stage,
-    register_method,
+    declare_method,
 )
 from forgetless.contract.plan import TrainStats
 from forgetless.merging.blocks import is_block_matrix
@@ -25,7 +26,18 @@ class OPCMConfig(MethodConfig, OPCMParams):
     name: Literal["opcm"] = Field("opcm", description="Orthogonal projection continual merging.")
 
 
-@register_method
+@declare_method(
+    "opcm",
+    OPCMConfig,
+    capabilities={Capability.TRAIN_STAGE, Capability.STATE},
+    paper=Paper(
+        "Merging Models on the Fly Without Retraining: A Sequential Approach to Scalable "
+        "Continual Model Merging",
+        "Tang et al.",
+        2025,
+        "arXiv:2501.09522",
+    ),
+)
 class OPCM(Method[OPCMConfig]):
     """OPCM (Tang et al. 2025, "Merging Models on the Fly Without Retraining: A Sequential
     Approach to Scalable Continual Model Merging", arXiv:2501.09522) run continually: task t
@@ -35,11 +47,8 @@ class OPCM(Method[OPCMConfig]):
     State: R (one copy of the trainable weights), the task norms and λ.
     """
 
-    name = "opcm"
     carry_only = "merges the trainable weights"
-    config_cls = OPCMConfig
     smoke: ClassVar[dict[str, Any]] = {"alpha": 0.5}
-    capabilities = frozenset({Capability.TRAIN_STAGE, Capability.STATE})
     unsharded = None  # the shared merge wiring hands it whole updates on a sharded model
 
     def __init__(self, config: OPCMConfig) -> None:

@@ -14,9 +14,10 @@ from forgetless.contract.method import (
     Method,
     MethodConfig,
     MethodState,
+    Paper,
     StepContext,
     TaskEndContext,
-    register_method,
+    declare_method,
 )
 from forgetless.tasks.formatting import Features
 
@@ -101,7 +102,12 @@ class ReplayConfig(MethodConfig):
     )
 
 
-@register_method
+@declare_method(
+    "replay",
+    ReplayConfig,
+    capabilities={Capability.BATCH_TRANSFORM, Capability.TASK_END, Capability.STATE},
+    paper=Paper("Experience Replay for Continual Learning", "Rolnick et al.", 2019, "NeurIPS"),
+)
 class Replay(Method[ReplayConfig]):
     """Experience replay with a reservoir-sampled episodic memory.
 
@@ -117,14 +123,11 @@ class Replay(Method[ReplayConfig]):
     count are the method's state.
     """
 
-    name = "replay"
-    config_cls = ReplayConfig
     unsharded = None  # its memory holds examples, not weights: runs on FSDP2 shards
     knob = Knob(
         "ratio", keeps_more="higher", low=0.01, high=0.95
     )  # budget: the share of each batch replayed
     smoke: ClassVar[dict[str, Any]] = {"buffer_size": 16, "ratio": 0.5}
-    capabilities = frozenset({Capability.BATCH_TRANSFORM, Capability.TASK_END, Capability.STATE})
 
     def __init__(self, config: ReplayConfig) -> None:
         super().__init__(config)

@@ -14,7 +14,14 @@ from pydantic import Field
 from torch import nn
 from transformers import PrinterCallback, TrainerCallback
 
-from forgetless.contract.method import Capability, Method, MethodConfig, Stage, register_method
+from forgetless.contract.method import (
+    Capability,
+    Method,
+    MethodConfig,
+    Paper,
+    Stage,
+    declare_method,
+)
 from forgetless.contract.plan import TrainStats
 from forgetless.engine.loop import steps_for_epochs
 from forgetless.engine.resources import peak_memory_mb
@@ -158,7 +165,14 @@ def _import_trl() -> Any:
     return trl
 
 
-@register_method
+@declare_method(
+    "rl",
+    RLConfig,
+    capabilities={Capability.TRAIN_STAGE},
+    paper=Paper(
+        "Mechanistic origins of catastrophic forgetting: why RL preserves circuits better than SFT?"
+    ),
+)
 class RL(Method[RLConfig]):
     """Base → SFT → RL per task, after "Mechanistic origins of catastrophic forgetting: why RL
     preserves circuits better than SFT?" (summary in shared/papers/000): SFT through the shared
@@ -173,15 +187,12 @@ class RL(Method[RLConfig]):
     (under LoRA TRL copies the ``default`` adapter as the reference; the copy is dropped after).
     """
 
-    name = "rl"
-    config_cls = RLConfig
     smoke: ClassVar[dict[str, Any]] = {
         "rl_steps": 2,
         "prompts_per_step": 2,
         "group_size": 2,
         "beta": 0.1,
     }
-    capabilities = frozenset({Capability.TRAIN_STAGE})
     unsharded = (
         "trains through TRL's GRPOTrainer, which shards through accelerate's own FSDP "
         "preparation (GPU-family devices only), not on a model forgetless has already split"

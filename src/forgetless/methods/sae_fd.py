@@ -26,10 +26,11 @@ from forgetless.contract.method import (
     Method,
     MethodConfig,
     MethodState,
+    Paper,
     StepContext,
     TaskContext,
     TaskEndContext,
-    register_method,
+    declare_method,
 )
 from forgetless.core import distributed
 from forgetless.core.dtypes import DTYPES
@@ -333,7 +334,23 @@ class SAEFDConfig(MethodConfig):
     )
 
 
-@register_method
+@declare_method(
+    "sae_fd",
+    SAEFDConfig,
+    capabilities={
+        Capability.BATCH_TRANSFORM,
+        Capability.ACTIVATION_HOOKS,
+        Capability.LOSS_TERMS,
+        Capability.TASK_END,
+        Capability.STATE,
+    },
+    paper=Paper(
+        "SAE-FD: Sparse Autoencoder Feature Distillation for Continual Learning of Large "
+        "Language Models",
+        "Zhang et al.",
+        2026,
+    ),
+)
 class SAEFD(Method[SAEFDConfig]):
     """SAE-FD (Zhang et al. 2026, "SAE-FD: Sparse Autoencoder Feature Distillation for Continual
     Learning of Large Language Models"): hold past tasks' last-layer MLP outputs in place in the
@@ -368,22 +385,11 @@ class SAEFD(Method[SAEFDConfig]):
     term, so the runner's total stays the true loss). The buffer and λ are the method's state.
     """
 
-    name = "sae_fd"
-    config_cls = SAEFDConfig
     knob = Knob(
         "rho", keeps_more="higher", low=0.01, high=0.95
     )  # budget: ρ, the target share of the distillation loss (λ adapts toward it)
     smoke: ClassVar[dict[str, Any]] = {"sae_cache": "run", "sae": {"steps": 20, "n_per_task": 4}}
     unsharded = None  # its state is activations; every process draws and scores the same ones
-    capabilities = frozenset(
-        {
-            Capability.BATCH_TRANSFORM,
-            Capability.ACTIVATION_HOOKS,
-            Capability.LOSS_TERMS,
-            Capability.TASK_END,
-            Capability.STATE,
-        }
-    )
 
     def __init__(self, config: SAEFDConfig) -> None:
         super().__init__(config)

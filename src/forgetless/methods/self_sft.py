@@ -24,7 +24,7 @@ from forgetless.contract.method import (
     Method,
     MethodConfig,
     Stage,
-    register_method,
+    declare_method,
 )
 from forgetless.contract.plan import TrainStats
 from forgetless.eval.scorers import score_task
@@ -71,15 +71,12 @@ class SelfSFTConfig(MethodConfig):
     generation_batch: int = Field(64, ge=1, description="Prompts per generation batch.")
 
 
-@register_method
+@declare_method("self_sft", SelfSFTConfig, capabilities={Capability.TRAIN_STAGE})
 class SelfSFT(Method[SelfSFTConfig]):
     """Generates an answer to every training prompt with the current model, keeps the accepted
     ones as targets, and trains on the mix through the shared loop; records per round the share
     of targets replaced by an answer of its own that differs from the gold one."""
 
-    name = "self_sft"
-    config_cls = SelfSFTConfig
-    capabilities = frozenset({Capability.TRAIN_STAGE})
     knob = Knob("lr_scale", keeps_more="lower", low=0.01, high=1.0, learning_rate=True)
     unsharded = "generates its targets with the whole model, which FSDP2 shards do not hold"
     smoke: ClassVar[dict[str, Any]] = {"rounds": 2, "generation_batch": 32}

@@ -10,19 +10,17 @@ from typing import Literal
 
 from pydantic import Field
 
-from forgetless.contract.method import Knob, Method, MethodConfig, register_method
+from forgetless.contract.method import Knob, Method, MethodConfig, declare_method
 
 
 class SeqFTConfig(MethodConfig):
     name: Literal["seq_ft"] = Field("seq_ft", description="Sequential fine-tuning (no control).")
 
 
-@register_method
+@declare_method("seq_ft", SeqFTConfig)
 class SeqFT(Method[SeqFTConfig]):
     """Uses no hook: the shared loop's cross-entropy on the current task is all it does."""
 
-    name = "seq_ft"
-    config_cls = SeqFTConfig
     knob = Knob(
         "lr_scale", keeps_more="lower", low=0.01, high=1.0, learning_rate=True
     )  # budget: its learning rate (low_lr's knob), up to the configured one

@@ -6,7 +6,14 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from forgetless.contract.method import Capability, Method, MethodConfig, Stage, register_method
+from forgetless.contract.method import (
+    Capability,
+    Method,
+    MethodConfig,
+    Paper,
+    Stage,
+    declare_method,
+)
 from forgetless.contract.plan import TrainStats
 from forgetless.merging.config import TaskArithmeticParams
 from forgetless.methods.continual_merge import Tensors, train_then_merge
@@ -18,18 +25,20 @@ class TaskArithmeticConfig(MethodConfig, TaskArithmeticParams):
     )
 
 
-@register_method
+@declare_method(
+    "task_arithmetic",
+    TaskArithmeticConfig,
+    capabilities={Capability.TRAIN_STAGE},
+    paper=Paper("Editing Models with Task Arithmetic", "Ilharco et al.", 2023, "ICLR"),
+)
 class TaskArithmetic(Method[TaskArithmeticConfig]):
     """Task arithmetic (Ilharco et al. 2023, "Editing Models with Task Arithmetic", ICLR) run
     continually: task t trains from the merged state θ_{t−1}; its update Δ_t enters as
     θ_t = θ_{t−1} + λ Δ_t, i.e. θ_t = θ_0 + λ Σ_{i≤t} Δ_i. Keeps no state beyond the model.
     """
 
-    name = "task_arithmetic"
     carry_only = "merges the trainable weights"
-    config_cls = TaskArithmeticConfig
     smoke: ClassVar[dict[str, Any]] = {"scaling": 0.5}
-    capabilities = frozenset({Capability.TRAIN_STAGE})
     unsharded = None  # θ ← θ + λΔ is element-wise: it runs on each process's shards
 
     def __init__(self, config: TaskArithmeticConfig) -> None:

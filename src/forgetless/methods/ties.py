@@ -12,8 +12,9 @@ from forgetless.contract.method import (
     Method,
     MethodConfig,
     MethodState,
+    Paper,
     Stage,
-    register_method,
+    declare_method,
 )
 from forgetless.contract.plan import TrainStats
 from forgetless.merging.config import TiesParams
@@ -25,7 +26,14 @@ class TiesConfig(MethodConfig, TiesParams):
     name: Literal["ties"] = Field("ties", description="Continual TIES-merging.")
 
 
-@register_method
+@declare_method(
+    "ties",
+    TiesConfig,
+    capabilities={Capability.TRAIN_STAGE, Capability.STATE},
+    paper=Paper(
+        "TIES-Merging: Resolving Interference When Merging Models", "Yadav et al.", 2023, "NeurIPS"
+    ),
+)
 class Ties(Method[TiesConfig]):
     """TIES-merging (Yadav et al. 2023, "TIES-Merging: Resolving Interference When Merging
     Models", NeurIPS) run continually: after task t the model is θ_0 + λ·TIES(Δ_1, …, Δ_t), each
@@ -34,11 +42,8 @@ class Ties(Method[TiesConfig]):
     trainable weights is kept (on the CPU, and in the checkpoint's method state).
     """
 
-    name = "ties"
     carry_only = "merges the trainable weights"
-    config_cls = TiesConfig
     smoke: ClassVar[dict[str, Any]] = {"density": 0.5}
-    capabilities = frozenset({Capability.TRAIN_STAGE, Capability.STATE})
     unsharded = None  # the shared merge wiring hands it whole updates on a sharded model
 
     def __init__(self, config: TiesConfig) -> None:

@@ -67,7 +67,7 @@ class SAETrainConfig(BaseModel):
         description="Leave each example's first token out of the activations. On a chat model "
         "the template's first token is an attention sink: on SmolLM2-135M-Instruct its last-MLP "
         "output averages norm 6537 against a median of 534 elsewhere, 66% of the squares on 1.6% "
-        "of the tokens (benchmarks/real_sae_sink.py), and an SAE spends itself on it. SAE-FD "
+        "of the tokens (studies/real_sae_sink.py), and an SAE spends itself on it. SAE-FD "
         "then leaves it out of L_FD too.",
     )
     autocast: Literal["off", "bf16"] = Field(

@@ -12,6 +12,8 @@ from typing import Any
 from torch import nn
 
 from forgetless.config.budget import BudgetConfig
+from forgetless.contract.method import Method
+from forgetless.engine.budget import BudgetMonitor, budget_miss_line, budget_unlearned_line
 from forgetless.errors import ConfigError
 from forgetless.eval.generation import (
     forced_logprobs,
@@ -131,3 +133,53 @@ def full_probe_loss(cfg: BudgetConfig, results: Any) -> float | None:
         results.probe_accuracy[0], results.probe_accuracy[-1], results.probe_chance or None
     )
     return None if kept is None else 1.0 - kept
+
+
+def start_monitor(
+    budget: BudgetConfig,
+    method: Method,
+    measure: Callable[[nn.Module], float],
+    probes: list[Task],
+    results: Any,
+    say: Callable[[str], None],
+) -> BudgetMonitor:
+    """The budget's monitor over ``measure`` (taken on the base); a resumed run goes on with the
+    knob where its last task left it."""
+    if skipped := left_out(probes):
+        say(
+            f"budget: the probe batch leaves out {', '.join(skipped)} (no held-out examples; "
+            "the full evaluation at each task's end covers every probe)"
+        )
+    monitor = BudgetMonitor(budget, method, measure)
+    done = [t["budget"]["end_value"] for t in results.per_task if "budget" in t]
+    if done:
+        monitor.value = done[-1]
+        method.set_knob(done[-1])
+    return monitor
+
+
+def budget_row(
+    budget: BudgetConfig,
+    monitor: BudgetMonitor,
+    task: str,
+    results: Any,
+    say: Callable[[str], None],
+) -> dict[str, Any]:
+    """The task's budget trace, and whether the full evaluation probes kept the budget; a
+    budget not kept is said in one line and recorded as an event, with the best found."""
+    summary = monitor.summary()
+    loss = full_probe_loss(budget, results)
+    kept = loss is None or loss <= budget.max_loss
+    summary.update(metric=budget.metric, max_loss=budget.max_loss, loss_full=loss, kept=kept)
+    line, action = "", ""
+    if not kept:
+        line = budget_miss_line(task, budget.metric, budget.max_loss, loss, monitor)
+        action = "not_kept"
+    elif monitor.nothing_kept():
+        line = budget_unlearned_line(task, budget.metric, budget.max_loss, monitor)
+        action = "not_learned"
+    if line:
+        say(f"warning: {line}")
+        results.events.append({"type": "budget", "action": action, "task": task})
+        summary["warning"] = line
+    return {"budget": summary}

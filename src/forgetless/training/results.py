@@ -10,6 +10,7 @@ from typing import Any
 from forgetless.core.rundir import RunDir
 from forgetless.core.storage import atomic_write_json
 from forgetless.errors import CheckpointError
+from forgetless.eval.evaluator import EvalRow
 from forgetless.eval.metrics import average_forgetting, probe_retention_detail, summarize
 
 SCHEMA_VERSION = 2
@@ -37,6 +38,20 @@ class Results:
     """Per row: the wall time of its evaluation (a cached base row: the time to read it)."""
     inputs: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Per data file the run reads: its size and SHA-256 (``training.inputs``)."""
+
+    def add_row(self, row: EvalRow) -> None:
+        """Append an evaluation of the model as it is now (``forgetless.eval.evaluator``)."""
+        self.accuracy.append([row.accuracy[t] for t in self.tasks])
+        self.probe_accuracy.append([row.accuracy[p] for p in self.probes])
+        self.probe_chance = [row.chance[p] for p in self.probes]
+        if row.loglik:
+            self.loglik.append([row.loglik[t] for t in self.tasks])
+            self.probe_loglik.append([row.loglik.get(p) for p in self.probes])
+        self.kl_base_to_model.append(row.kl_base_to_model)
+        self.kl_model_to_base.append(row.kl_model_to_base)
+        if row.prose is not None:
+            self.prose.append(row.prose)
+        self.eval_seconds.append(row.seconds)
 
     @property
     def completed_tasks(self) -> int:

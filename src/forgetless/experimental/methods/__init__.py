@@ -1,2 +1,3 @@
-"""Methods still in the experimental corner, found by the registry like the built-ins (their
-import warns once, when a config first names one, never in the middle of a task)."""
+"""Methods still in the experimental corner, declared through forgetless's own entry points
+(``forgetless.methods`` in ``pyproject.toml``) like an outside package's: their import warns once,
+when a config first names one, never in the middle of a task."""

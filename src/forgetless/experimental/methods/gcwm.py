@@ -1,7 +1,8 @@
 """Continual GCWM (experimental): merge each task's update under the shared Wasserstein metric.
 
-It lives in the experimental corner until its tests and bench rows stand; the registry finds it
-by name, and importing it warns once, when a config first names it."""
+It lives in the experimental corner until its tests and bench rows stand; forgetless's own
+``pyproject.toml`` declares it in the entry-point group ``forgetless.methods``, so the registry
+imports it (and it warns, once) when a config first names it."""
 
 from __future__ import annotations
 
@@ -14,14 +15,14 @@ from forgetless.contract.method import (
     Method,
     MethodConfig,
     MethodState,
+    Paper,
     Stage,
-    register_method,
+    declare_method,
 )
 from forgetless.contract.plan import TrainStats
 from forgetless.diagnostics.geometry import LowRank
-from forgetless.experimental.gcwm import gcwm_layer, options_of, truncate
+from forgetless.experimental.gcwm import GCWMParams, gcwm_layer, options_of, truncate
 from forgetless.merging.blocks import is_block_matrix
-from forgetless.merging.config import GCWMParams
 from forgetless.methods.continual_merge import Tensors, train_then_merge
 
 
@@ -35,7 +36,14 @@ class GCWMConfig(MethodConfig, GCWMParams):
     )
 
 
-@register_method
+@declare_method(
+    "gcwm",
+    GCWMConfig,
+    capabilities={Capability.TRAIN_STAGE, Capability.STATE},
+    paper=Paper(
+        "Geometry Conflict: Explaining and Controlling Forgetting in LLM Continual Post-Training"
+    ),
+)
 class GCWM(Method[GCWMConfig]):
     """GCWM, from "Geometry Conflict: Explaining and Controlling Forgetting in LLM Continual
     Post-Training" (experimental: ``forgetless.experimental.gcwm``, docs/merging.md). Task t
@@ -46,11 +54,8 @@ class GCWM(Method[GCWMConfig]):
     weights (norms, embeddings) take the plain branch. State: the factors and C_{t−1}.
     """
 
-    name = "gcwm"
     carry_only = "merges the trainable weights"
-    config_cls = GCWMConfig
     smoke: ClassVar[dict[str, Any]] = {"rank": 4}
-    capabilities = frozenset({Capability.TRAIN_STAGE, Capability.STATE})
 
     def __init__(self, config: GCWMConfig) -> None:
         super().__init__(config)

@@ -1,0 +1,90 @@
+"""A run's tasks: built from their configs, and encoded up front so that a bad example fails
+before any training (truncation and unknown tokens said once per task and recorded)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from forgetless.config.schema import RunConfig, TaskConfig
+from forgetless.engine.progress import Heartbeat
+from forgetless.tasks.base import Task
+from forgetless.tasks.formatting import Features, encode_training_set, unknown_token_examples
+from forgetless.tasks.loaders import build_task
+from forgetless.training.results import Results
+
+Say = Callable[[str], None]
+
+
+def load_tasks(configs: list[TaskConfig], cfg: RunConfig, say: Say | None = None) -> list[Task]:
+    """Build every task; with ``say``, a long build prints a progress line now and then."""
+    heartbeat = Heartbeat(say or (lambda line: None), "building tasks", len(configs))
+    tasks = []
+    for task in configs:
+        tasks.append(build_task(task, cfg.eval, cfg.seed))
+        heartbeat.beat()
+    return tasks
+
+
+def encode_task(task: Task, tokenizer: Any, max_length: int) -> list[Features]:
+    features, _ = encode_training_set(tokenizer, task.train, max_length, f"task {task.name!r}")
+    return features
+
+
+def encode_remaining(
+    tasks: list[Task], tokenizer: Any, max_length: int, results: Results, say: Say
+) -> dict[int, list[Features]]:
+    """Encode the tasks still to train up front, so a bad example fails before any training.
+
+    Truncation is counted, warned about once per task and recorded in ``events`` (policy in
+    docs/reliability.md). Only the next task's features are kept (memory stays one task's);
+    later tasks are encoded again when they start.
+    """
+    out = {}
+    remaining = range(results.completed_tasks + 1, len(tasks) + 1)
+    heartbeat = Heartbeat(say, "encoding tasks", len(remaining))
+    for index in remaining:
+        heartbeat.beat()
+        task = tasks[index - 1]
+        features, cut = encode_training_set(
+            tokenizer, task.train, max_length, f"task {task.name!r}"
+        )
+        if cut:
+            say(
+                f"warning: task {task.name!r}: {cut} of {len(features)} training examples "
+                f"exceed train.max_length={max_length} tokens; their completions are cut "
+                "at the end"
+            )
+            event = {
+                "type": "truncated",
+                "task": task.name,
+                "count": cut,
+                "of": len(features),
+                "max_length": max_length,
+            }
+            _record_once(results, event)
+        _warn_unknown(task.name, features, tokenizer, results, say)
+        if index == results.completed_tasks + 1:
+            out[index] = features
+    return out
+
+
+def _warn_unknown(
+    task: str, features: list[Features], tokenizer: Any, results: Results, say: Say
+) -> None:
+    """Examples the tokenizer cannot spell are trained on ``<unk>``: say so, never silently."""
+    count = unknown_token_examples(tokenizer, features)
+    if not count:
+        return
+    say(
+        f"warning: task {task!r}: {count} of {len(features)} training examples hold text the "
+        "tokenizer cannot spell (it becomes the unknown token)"
+    )
+    _record_once(
+        results, {"type": "unknown_tokens", "task": task, "count": count, "of": len(features)}
+    )
+
+
+def _record_once(results: Results, event: dict[str, object]) -> None:
+    if event not in results.events:
+        results.events.append(event)

@@ -1,0 +1,492 @@
+"""Render the bench tables quoted in the docs from the committed raw results.
+
+A document holds a table between two markers::
+
+    <!-- bench-table: bench-baselines.json -->
+    ...
+    <!-- /bench-table -->
+
+and this script rewrites what lies between them from ``studies/results/bench-baselines.json``
+(mean ± half-width of the 95% t-interval over the seeds, paired differences to ``seq_ft``).
+
+A campaign table (``<!-- campaign-table: real.yaml -->`` … ``<!-- /campaign-table -->``) renders
+from the CPU runs kept in ``studies/results/campaigns/<config stem>.jsonl.gz`` (``forgetless bench
+--campaign``, packed by ``runs.py``), whatever is there, and names the planned runs still missing.
+A tasks table (``<!-- tasks-table: real_tasks.json -->`` … ``<!-- /tasks-table -->``) lists each
+instruct task's base accuracy and its accuracy after training on it alone.
+A claims table (``<!-- claims-table: SECTION -->`` … ``<!-- /claims-table -->``) renders the
+claims of ``studies/claims.yaml`` in that section with verdicts by rule (``claims_table.py``).
+A scales table (``<!-- scales-table: claims_scales.yaml -->``) sets each paper's headline claims
+at both scales side by side, from the same rows (``claims_scales.py``).
+A memory table (``<!-- memory-table: DEVICES -->`` … ``<!-- /memory-table -->``) renders
+``memory_model.py``'s bytes per device; a memory check (``<!-- memory-check: FILE -->``) renders
+``memory_check.py``'s measured tensors beside the model's. ``--check`` exits 1 when a document
+differs from what its data renders (a test runs it).
+
+    python studies/render_tables.py [--check] [FILES...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+from budget_claims import render_budget  # studies/ is on sys.path
+from circuits_claims import render_circuits
+from claims_scales import render_scales
+from claims_table import bench_runs, load_claims, render_section
+from frontier import figure, frontier_rows, render_frontier
+from gcwm_gates import render_gates
+from geometry_claims import render_geometry, render_geometry_within
+from memory_model import check_table
+from memory_model import table as memory_table
+from runs import kept_record, pack_path, read_pack
+
+from forgetless.bench.campaign import config_key
+from forgetless.bench.stats import mean_interval, paired_verdict
+from forgetless.bench.sweep import plan_runs
+from forgetless.bench.variants import BenchSection
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "studies" / "results"
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+BLOCK = re.compile(r"(<!-- bench-table: (\S+) -->\n)(.*?)(<!-- /bench-table -->)", re.S)
+CAMPAIGN = re.compile(r"(<!-- campaign-table: (\S+) -->\n)(.*?)(<!-- /campaign-table -->)", re.S)
+TASKS = re.compile(r"(<!-- tasks-table: (\S+) -->\n)(.*?)(<!-- /tasks-table -->)", re.S)
+MEMORY = re.compile(r"(<!-- memory-table: (\d+) -->\n)(.*?)(<!-- /memory-table -->)", re.S)
+MEMORY_CHECK = re.compile(r"(<!-- memory-check: (\S+) -->\n)(.*?)(<!-- /memory-check -->)", re.S)
+CLAIMS_BLOCK = re.compile(r"(<!-- claims-table: (\S+) -->\n)(.*?)(<!-- /claims-table -->)", re.S)
+CONFIGS = ROOT / "studies" / "configs"
+SECTION = re.compile(r"(<!-- results-section: (\d) -->\n)(.*?)(<!-- /results-section -->)", re.S)
+"""A block quoting section N (1-based) of benchmarks/RESULTS.md, which benchmarks/run renders
+from benchmarks/RESULTS.json: the README's costs are the benchmarks' own, never retyped."""
+RESULTS_MD = ROOT / "benchmarks" / "RESULTS.md"
+FRONTIER = re.compile(r"(<!-- frontier-table: (\S+) -->\n)(.*?)(<!-- /frontier-table -->)", re.S)
+FIGURES = ROOT / "docs" / "figures"
+WITHIN = re.compile(r"(<!-- geometry-within: (\S+) -->\n)(.*?)(<!-- /geometry-within -->)", re.S)
+"""Geometry claims from a ``real_geometry.py`` file: correlations inside runs."""
+GEOMETRY = re.compile(r"(<!-- geometry-claims: (\S+) -->\n)(.*?)(<!-- /geometry-claims -->)", re.S)
+CIRCUITS = re.compile(r"(<!-- circuits-claims: (\S+) -->\n)(.*?)(<!-- /circuits-claims -->)", re.S)
+GATES = re.compile(r"(<!-- gcwm-gates: (\S+) -->\n)(.*?)(<!-- /gcwm-gates -->)", re.S)
+BUDGET = re.compile(r"(<!-- budget-claims: (\S+) -->\n)(.*?)(<!-- /budget-claims -->)", re.S)
+ZERO_MEMORY = re.compile(r"(<!-- zero-memory: (\S+) -->\n)(.*?)(<!-- /zero-memory -->)", re.S)
+"""``zero_memory.py``'s count of the optimizer's tensors per process, one line per layout."""
+SCALES = re.compile(r"(<!-- scales-table: (\S+) -->\n)(.*?)(<!-- /scales-table -->)", re.S)
+"""The papers' claims at both scales side by side (``claims_scales.py``)."""
+AGREEMENT = re.compile(r"(<!-- agreement-table: (\S+) -->\n)(.*?)(<!-- /agreement-table -->)", re.S)
+"""Rows of studies/results/scale_out_agreement.json under one layout key (``zero2``, ...)."""
+CAMPAIGN_COLUMNS = [
+    ("average_accuracy", "avg acc"),
+    ("bwt", "BWT"),
+    ("probe:gk-mc", "gk-mc retention"),
+    ("probe:gk-short", "gk-short retention"),
+    ("now:chat-format", "chat-format"),
+    ("prose:kl_base_to_model", "prose KL"),
+    ("prose:perplexity", "prose ppl"),
+]
+COLUMNS = [
+    ("average_accuracy", "avg acc"),
+    ("bwt", "BWT"),
+    ("gain", "gain"),
+    ("retention", "probe retention"),
+    ("kl_drift", "KL(base‖model)"),
+]
+
+
+def interval(values: list[float]) -> tuple[float, float, int]:
+    """Mean and half-width of the 95% t-interval (0 for one value): ``bench.stats``'s."""
+    found = mean_interval(values)
+    assert found is not None, "interval of no values"
+    return found.mean, (found.high - found.low) / 2, found.n
+
+
+def _fmt(mean: float, half: float, n: int) -> str:
+    text = f"{mean:.3f}".replace("-", "−")
+    return text + (f" ± {half:.3f}" if n > 1 else "")
+
+
+def _metric(run: dict[str, Any], key: str) -> float | None:
+    """A run's metric; ``probe:NAME`` is a probe's retention, ``now:NAME`` its final score,
+    ``prose:FIELD`` a final prose measure."""
+    metrics = run["metrics"]
+    kind, _, name = key.partition(":")
+    if kind in ("probe", "now"):
+        field = "retention" if kind == "probe" else "now"
+        value = (metrics.get("probe_retention") or {}).get(name, {}).get(field)
+    elif kind == "prose":
+        value = (metrics.get("prose") or {}).get(name)
+    else:
+        value = metrics.get(key)
+    return float(value) if isinstance(value, int | float) else None
+
+
+def render(bench: dict[str, Any]) -> str:
+    """A markdown table: one row per variant, plus the retention gained over ``seq_ft`` paired
+    by seed when the bench has a ``seq_ft`` row."""
+    variants = [v["name"] for v in bench["variants"]]
+    by_variant: dict[str, dict[int, dict[str, Any]]] = {}
+    for run in bench["runs"]:
+        by_variant.setdefault(run["variant"], {})[run["seed"]] = run
+    base = by_variant.get("seq_ft", {})
+    headers = ["variant", *(label for _, label in COLUMNS)]
+    if base:
+        headers += ["retention − seq_ft (paired)", "gain − seq_ft (paired)"]
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    joint = {r["variant"] for r in bench.get("rows", []) if r.get("joint_training")}
+    for name in variants:
+        runs = by_variant.get(name, {})
+        cells = [name]
+        for key, _ in COLUMNS:
+            values = [v for r in runs.values() if (v := _metric(r, key)) is not None]
+            if key == "bwt" and name in joint:
+                cells.append("n/a (joint)")
+                continue
+            cells.append(_fmt(*interval(values)) if values else "n/a")
+        if base:
+            for key in ("retention", "gain"):
+                diffs = [
+                    a - b
+                    for seed, r in runs.items()
+                    if seed in base
+                    and (a := _metric(r, key)) is not None
+                    and (b := _metric(base[seed], key)) is not None
+                ]
+                cells.append(_fmt(*interval(diffs)) if diffs and name != "seq_ft" else "–")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+@functools.cache
+def _campaign_records(campaign: str) -> dict[str, Any]:
+    """A packed campaign's records, read once per process (many blocks read the same one)."""
+    return read_pack(pack_path(campaign))
+
+
+def _kept_runs(config: str) -> tuple[list[str], list[int], dict[tuple[str, int], Any], list[str]]:
+    """The campaign's planned variants and seeds, the kept summaries whose config key is the
+    one the config plans now (what ``bench --campaign`` would skip), and the stale records."""
+    data = yaml.safe_load((CONFIGS / config).read_text(encoding="utf-8"))
+    section = BenchSection.model_validate(data.pop("bench", None) or {})
+    planned = plan_runs(data, section.variants, section.seeds, 1, Path("."), section.first_seed)
+    kept = _campaign_records(Path(config).stem)
+    runs, stale = {}, []
+    for variant, run_folder, cfg in planned:
+        run = f"cpu/{run_folder.parent.name}/{run_folder.name}"
+        record = kept_record(kept, run, config_key(cfg))
+        if record is not None:
+            results = record.get("results") or {}
+            keys = (
+                "rows",
+                "probe_accuracy",
+                "probe_chance",
+                "kl_drift",
+                "eval_seconds",
+                "per_task",
+            )
+            rows = {k: results.get(k) for k in keys}
+            runs[(variant.name, cfg.seed)] = record["summary"] | {"results": rows}
+        elif run in kept:
+            stale.append(f"{variant.name} s{cfg.seed}")
+    seeds = list(range(section.first_seed, section.first_seed + section.seeds))
+    return [v.name for v in section.variants], seeds, runs, stale
+
+
+PRIMARY = "probe:gk-mc"
+"""The primary retention probe: the question set's multiple-choice form, above chance."""
+RETENTION_WINDOW = (0.1, 0.9)
+"""Where seq_ft's primary retention must fall for the scale to tell methods apart."""
+
+
+def _paired(runs: dict[tuple[str, int], Any], name: str, seeds: list[int], key: str) -> list[float]:
+    """Per-seed differences of ``key`` between variant ``name`` and ``seq_ft``."""
+    return [
+        a - b
+        for s in seeds
+        if (name, s) in runs
+        and ("seq_ft", s) in runs
+        and (a := _metric(runs[(name, s)], key)) is not None
+        and (b := _metric(runs[("seq_ft", s)], key)) is not None
+    ]
+
+
+def _campaign_verdicts(variants: list[str], seeds: list[int], runs: dict[Any, Any]) -> str:
+    """seq_ft's primary retention against the window, and each method's paired difference."""
+    base = [
+        v
+        for s in seeds
+        if ("seq_ft", s) in runs and (v := _metric(runs[("seq_ft", s)], PRIMARY)) is not None
+    ]
+    if not base:
+        return ""
+    found = mean_interval(base)
+    assert found is not None
+    low, high = RETENTION_WINDOW
+    inside = low <= found.low and found.high <= high
+    where = "inside" if inside else "not inside"
+    spread = (
+        "one seed: exploratory"
+        if found.n < 2
+        else f"{found.n} seeds; 95% interval [{found.low:.3f}, {found.high:.3f}], {where} the "
+        f"{low:.0%}–{high:.0%} window"
+    )
+    probe = [
+        runs[("seq_ft", s)]["metrics"]["probe_retention"]["gk-mc"]
+        for s in seeds
+        if ("seq_ft", s) in runs
+    ]
+    score = sum(p["base"] for p in probe) / len(probe)
+    lines = [
+        f"\n`seq_ft` keeps {_fmt(*interval(base))} of the base's above-chance `gk-mc` score "
+        f"(base {score:.3f} against chance {probe[0]['chance']:.2f}; {spread})."
+    ]
+    for name in variants:
+        diffs = _paired(runs, name, seeds, PRIMARY)
+        if name == "seq_ft" or not diffs:
+            continue
+        verdict = paired_verdict(diffs, expected=1)
+        said = {"supported": "retains more", "refuted": "retains less"}.get(verdict, verdict)
+        lines.append(
+            f"`{name}` against `seq_ft`, paired: {_fmt(*interval(diffs))} ({said})"
+            f"{_gain_clause(_paired(runs, name, seeds, 'gain'))}."
+        )
+    return "\n".join(lines) + "\n"
+
+
+MATCHED_GAIN = 0.05
+"""A retention comparison is at matched learning when the paired gain differs by at most this
+much (issue 21): shown when the whole 95% interval lies within it, only on average when the
+mean does but the interval reaches past it."""
+
+
+def gain_match(gains: list[float]) -> str:
+    """Whether the paired new-task gains make a matched pair: "matched" (the interval within
+    ``MATCHED_GAIN``), "matched on average only" or "not matched"."""
+    mean, half, n = interval(gains)
+    if abs(mean) > MATCHED_GAIN:
+        return f"not matched (beyond {MATCHED_GAIN})"
+    if n > 1 and abs(mean) + half <= MATCHED_GAIN:
+        return "matched"
+    reach = "one seed" if n == 1 else f"the interval reaches past {MATCHED_GAIN}"
+    return f"matched on average only ({reach})"
+
+
+def _gain_clause(gains: list[float]) -> str:
+    """The paired new-task gain difference, and whether the retention comparison is matched."""
+    if not gains:
+        return ""
+    return f", at a new-task gain {_fmt(*interval(gains))} from `seq_ft`'s: {gain_match(gains)}"
+
+
+def render_campaign(config: str) -> str:
+    """The kept runs of a campaign as a table, then the planned runs not kept yet."""
+    variants, seeds, runs, stale = _kept_runs(config)
+    headers = ["variant", "runs", *(label for _, label in CAMPAIGN_COLUMNS)]
+    headers += ["gk-mc retention − seq_ft (paired)", "time vs seq_ft"]
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    base_time = [r["train_seconds"] for (v, _), r in runs.items() if v == "seq_ft"]
+    for name in variants:
+        mine = [runs[(name, s)] for s in seeds if (name, s) in runs]
+        if not mine:
+            continue
+        cells = [name, str(len(mine))]
+        for key, _ in CAMPAIGN_COLUMNS:
+            values = [v for r in mine if (v := _metric(r, key)) is not None]
+            cells.append(_fmt(*interval(values)) if values else "n/a")
+        diffs = _paired(runs, name, seeds, PRIMARY)
+        cells.append(_fmt(*interval(diffs)) if diffs and name != "seq_ft" else "–")
+        time = sum(r["train_seconds"] for r in mine) / len(mine)
+        ratio = time / (sum(base_time) / len(base_time)) if base_time else None
+        cells.append(f"{ratio:.2f}" if ratio is not None else "n/a")
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append(_campaign_verdicts(variants, seeds, runs).rstrip("\n"))
+    missing = [f"{v} s{s}" for v in variants for s in seeds if (v, s) not in runs]
+    total = len(variants) * len(seeds)
+    note = (
+        f"\nStill missing ({len(missing)} of {total} runs): {', '.join(missing)}"
+        if missing
+        else f"\nAll {total} runs are kept"
+    )
+    if stale:
+        note += (
+            f". Kept under an older config (left out, re-run by the campaign): {', '.join(stale)}"
+        )
+    return "\n".join(lines) + "\n" + note + ".\n"
+
+
+def render_agreement(layout: str) -> str:
+    """2 processes against 1, per method, as ``scale_out_agreement.py`` measured them."""
+    report = json.loads((RESULTS / "scale_out_agreement.json").read_text(encoding="utf-8"))
+    lines = [
+        "| method | steps compared | max abs loss diff | max rel loss diff | "
+        "max abs diff, final weights and state |",
+        "|---|---|---|---|---|",
+    ]
+    for name, row in report[layout].items():
+        cells = [f"{row[k]:.1e}" for k in ("max_abs_loss_diff", "max_rel_loss_diff")]
+        cells.append(f"{row['max_abs_state_diff']:.1e}")
+        lines.append(f"| {name} | {row['steps']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def render_zero_memory(name: str) -> str:
+    report = json.loads((RESULTS / name).read_text(encoding="utf-8"))
+    n = report["trainable"]
+    rows = [("1 process", [report["single"]])]
+    rows += [(f"ZeRO-{k[-1]}, 2 processes", report[k]) for k in ("zero1", "zero2")]
+    lines = [
+        "| layout | AdamW moments per process | float32 master copy per process "
+        "| in trainable weights |",
+        "|---|---|---|---|",
+    ]
+    for label, procs in rows:
+        moments = " / ".join(f"{r['moments']:,}" for r in procs)
+        master = " / ".join(f"{r['master']:,}" for r in procs)
+        held = max(r["moments"] + r["master"] for r in procs) / n
+        lines.append(f"| {label} | {moments} | {master} | {held:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def render_tasks(name: str) -> str:
+    if not (RESULTS / name).is_file():
+        return f"Not measured yet: `studies/results/{name}` is not there.\n"
+    report = json.loads((RESULTS / name).read_text(encoding="utf-8"))
+    lines = ["| task | skill | base | after training on it alone |", "|---|---|---|---|"]
+    for task, row in report["tasks"].items():
+        lines.append(f"| `{task}` | {row['skill']} | {row['base']:.2f} | {row['alone']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def rewrite(text: str) -> str:
+    def table(match: re.Match[str]) -> str:
+        bench = json.loads((RESULTS / match.group(2)).read_text(encoding="utf-8"))
+        return match.group(1) + render(bench) + match.group(4)
+
+    def campaign(match: re.Match[str]) -> str:
+        return match.group(1) + render_campaign(match.group(2)) + match.group(4)
+
+    def tasks(match: re.Match[str]) -> str:
+        return match.group(1) + render_tasks(match.group(2)) + match.group(4)
+
+    block = functools.cache(render_block)  # the scales table re-reads the claims blocks
+
+    def claims(match: re.Match[str]) -> str:
+        return match.group(1) + block("claims-table", match.group(2)) + match.group(4)
+
+    def memory(match: re.Match[str]) -> str:
+        return match.group(1) + memory_table(int(match.group(2))) + match.group(4)
+
+    def checked(match: re.Match[str]) -> str:
+        report = json.loads((RESULTS / match.group(2)).read_text(encoding="utf-8"))
+        return match.group(1) + check_table(report) + match.group(4)
+
+    def section(match: re.Match[str]) -> str:
+        return match.group(1) + results_section(int(match.group(2))) + match.group(4)
+
+    def budget(match: re.Match[str]) -> str:
+        _, seeds, runs, _ = _kept_runs(match.group(2))
+        return match.group(1) + render_budget(runs, seeds, match.group(2)) + match.group(4)
+
+    def frontier(match: re.Match[str]) -> str:
+        return match.group(1) + render_frontier(_frontier_rows(match.group(2))) + match.group(4)
+
+    def geometry(match: re.Match[str]) -> str:
+        return match.group(1) + block("geometry-claims", match.group(2)) + match.group(4)
+
+    def within(match: re.Match[str]) -> str:
+        return match.group(1) + block("geometry-within", match.group(2)) + match.group(4)
+
+    def circuits(match: re.Match[str]) -> str:
+        return match.group(1) + block("circuits-claims", match.group(2)) + match.group(4)
+
+    def gates(match: re.Match[str]) -> str:
+        variants, _, runs, _ = _kept_runs(match.group(2))
+        return match.group(1) + render_gates(variants, runs) + match.group(4)
+
+    text = CIRCUITS.sub(circuits, GEOMETRY.sub(geometry, FRONTIER.sub(frontier, text)))
+    text = WITHIN.sub(within, GATES.sub(gates, text))
+    text = TASKS.sub(tasks, CAMPAIGN.sub(campaign, BLOCK.sub(table, text)))
+    text = SECTION.sub(section, MEMORY.sub(memory, CLAIMS_BLOCK.sub(claims, text)))
+
+    def agreement(match: re.Match[str]) -> str:
+        return match.group(1) + render_agreement(match.group(2)) + match.group(4)
+
+    def zero_memory(match: re.Match[str]) -> str:
+        return match.group(1) + render_zero_memory(match.group(2)) + match.group(4)
+
+    def scales(match: re.Match[str]) -> str:
+        return match.group(1) + render_scales(match.group(2), block) + match.group(4)
+
+    text = SCALES.sub(scales, ZERO_MEMORY.sub(zero_memory, AGREEMENT.sub(agreement, text)))
+    return MEMORY_CHECK.sub(checked, BUDGET.sub(budget, text))
+
+
+def render_block(kind: str, key: str) -> str:
+    """The markdown a claims, geometry or circuits block of that key renders."""
+    if kind == "claims-table":
+        return render_section(key, load_claims(), _claim_runs, _metric)
+    if kind == "geometry-claims":
+        return render_geometry(RESULTS / key)
+    if kind == "geometry-within":
+        return render_geometry_within(RESULTS / key)
+    if kind == "circuits-claims":
+        return render_circuits(RESULTS / key)
+    raise ValueError(f"claims_scales.yaml: no block kind {kind!r}")
+
+
+def results_section(number: int) -> str:
+    """Section ``number`` of benchmarks/RESULTS.md (its ``## `` title and everything under it)."""
+    parts = re.split(r"(?m)^(?=## )", RESULTS_MD.read_text(encoding="utf-8"))[1:]
+    if not 1 <= number <= len(parts):
+        raise ValueError(f"benchmarks/RESULTS.md has no section {number}")
+    body = parts[number - 1].split("\n", 1)[1].strip("\n")
+    return body + "\n"
+
+
+def _frontier_rows(config: str) -> list[dict[str, Any]]:
+    variants, seeds, runs, _ = _kept_runs(config)
+    return frontier_rows(variants, seeds, runs, _metric)
+
+
+def draw_frontiers(text: str) -> None:
+    """Draw every frontier block of ``text`` as docs/figures/<config stem>-frontier.png."""
+    for match in FRONTIER.finditer(text):
+        figure(
+            _frontier_rows(match.group(2)), FIGURES / f"{Path(match.group(2)).stem}-frontier.png"
+        )
+
+
+def _claim_runs(claim: dict[str, Any]) -> dict[tuple[str, int], dict[str, Any]]:
+    data = claim["data"]
+    if "bench" in data:
+        return bench_runs(RESULTS, data["bench"])
+    return _kept_runs(data["campaign"])[2]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if a document is stale")
+    parser.add_argument("files", nargs="*", type=Path)
+    args = parser.parse_args()
+    stale = []
+    for path in args.files or DOCS:
+        text = path.read_text(encoding="utf-8")
+        new = rewrite(text)
+        if new != text:
+            stale.append(path)
+            if not args.check:
+                path.write_text(new, encoding="utf-8")
+        if not args.check:
+            draw_frontiers(new)
+    if args.check and stale:
+        print("stale tables: " + ", ".join(str(p) for p in stale), file=sys.stderr)
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+"""ContinualTrainer: a loaded model and in-memory datasets, the same run as `forgetless run`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import write_jsonl
+from datasets import Dataset, DatasetDict
+from rich.console import Console
+
+import forgetless
+from forgetless.cli.app import run_cli
+from forgetless.config.schema import ModelConfig
+from forgetless.errors import ConfigError, DataError
+from forgetless.models.loading import load_model_and_tokenizer
+
+TRAIN = {"steps": 3, "batch_size": 4, "lr": 1e-3, "max_length": 32}
+EVAL = {"n_eval": 6, "batch_size": 8, "kl_examples": 4}
+
+
+def records(prefix: str, n: int = 16) -> list[dict[str, str]]:
+    return [{"prompt": f"{prefix}{i}=", "completion": f"{i % 7}"} for i in range(n)]
+
+
+def chat(n: int = 16) -> list[dict[str, Any]]:
+    return [
+        {
+            "messages": [
+                {"role": "user", "content": f"c{i}?"},
+                {"role": "assistant", "content": "ok"},
+            ]
+        }
+        for i in range(n)
+    ]
+
+
+def loaded(model_dir: Path) -> tuple[Any, Any]:
+    return load_model_and_tokenizer(ModelConfig(), str(model_dir))
+
+
+def trainer(model_dir: Path, out: Path, tasks: list[tuple[str, Any]], **kw: Any) -> Any:
+    model, tokenizer = loaded(model_dir)
+    return forgetless.ContinualTrainer(
+        model, tokenizer, tasks, out_dir=out, progress=False, console=Console(quiet=True),
+        evaluation=EVAL, **TRAIN, **kw,
+    )  # fmt: skip
+
+
+def test_three_in_memory_tasks_one_of_them_chat(
+    tiny_llama_chat_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    second = DatasetDict(
+        train=Dataset.from_list(records("b")), test=Dataset.from_list(records("b", 6))
+    )
+    tasks = [("first", Dataset.from_list(records("a"))), ("second", second), ("talk", chat())]
+    out = tmp_path / "run"
+    results = trainer(tiny_llama_chat_dir, out, tasks, method="ewc").fit()
+    data = results.to_json()
+    assert data["tasks"] == ["first", "second", "talk"] and data["status"] == "complete"
+    assert len(data["accuracy_matrix"]) == 4 and data["config"]["method"]["name"] == "ewc"
+    assert (out / "data" / "second.eval.jsonl").is_file()
+    again = tmp_path / "again"
+    assert run_cli(["run", str(out / "config.yaml"), "--out", str(again), "--quiet"]) == 0, (
+        capsys.readouterr().err
+    )
+    repeated = json.loads((again / "results.json").read_text())
+    assert repeated["accuracy_matrix"] == data["accuracy_matrix"]
+
+
+def test_the_same_sequence_as_forgetless_run(tiny_model_dir: Path, tmp_path: Path) -> None:
+    first, second = records("a"), records("b")
+    through_trainer = trainer(
+        tiny_model_dir, tmp_path / "t", [("first", first), ("second", second)], method="replay"
+    ).fit()
+    config = {
+        "model": {"name_or_path": str(tiny_model_dir)},
+        "train": TRAIN,
+        "eval": EVAL,
+        "method": "replay",
+        "tasks": [
+            {"name": "first", "jsonl": {"train": str(write_jsonl(tmp_path / "a.jsonl", first))}},
+            {"name": "second", "jsonl": {"train": str(write_jsonl(tmp_path / "b.jsonl", second))}},
+        ],
+    }
+    path = tmp_path / "c.yaml"
+    path.write_text(json.dumps(config), encoding="utf-8")
+    assert run_cli(["run", str(path), "--out", str(tmp_path / "r"), "--quiet"]) == 0
+    through_cli = json.loads((tmp_path / "r" / "results.json").read_text())
+    assert through_trainer.to_json()["accuracy_matrix"] == through_cli["accuracy_matrix"]
+    assert through_trainer.to_json()["metrics"]["bwt"] == through_cli["metrics"]["bwt"]
+
+
+def test_bad_data_and_names_are_one_line(tiny_model_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(DataError, match=r"tasks: 'x': example 1 is a str, not a record"):
+        trainer(
+            tiny_model_dir, tmp_path / "a", [("x", [{"prompt": "a", "completion": "b"}, "no"])]
+        ).fit()
+    with pytest.raises(ConfigError, match=r"tasks: '\.\./up': not usable as a file name"):
+        trainer(tiny_model_dir, tmp_path / "b", [("../up", records("a"))]).fit()
+    assert not (tmp_path / "up.jsonl").exists()
+    with pytest.raises(
+        DataError, match=r"data/y\.jsonl:1: needs string fields 'prompt' and 'completion'"
+    ):
+        trainer(tiny_model_dir, tmp_path / "c", [("y", [{"question": "a", "answer": "b"}])]).fit()
