@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 CONSTRAINTS ?= constraints.txt
 PIN    := $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 
-.PHONY: setup smollm2 deepspeed browser demo test test-slow studies lint bench clean
+.PHONY: setup smollm2 deepspeed browser demo examples test test-slow studies lint bench clean
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -44,6 +44,10 @@ test: lint browser  ## the fast tier (what CI runs)
 
 test-slow: setup  ## long end-to-end and fault-injection tests
 	$(VENV)/bin/pytest -q -m slow
+
+examples: setup  ## the two bring-your-own examples (ContinualTrainer; SFTTrainer with EWC), CI's third step
+	$(PY) examples/own_data.py
+	$(PY) examples/trl_sft.py
 
 studies: setup  ## the campaigns' checks, CI's second step: docs tables render from studies/results
 	$(VENV)/bin/pytest -q studies/tests
