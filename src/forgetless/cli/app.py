@@ -51,7 +51,7 @@ def run(
     out_dir = out or Path("runs") / (config.stem if config else preset)
     check_output_folder(out_dir, "run", [config] if config else [])
     for line in size_warnings(cfg, str(config) if config else f"preset {preset}"):
-        console.print(line, markup=False, highlight=False)
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
 
     results = Runner(
         cfg, out_dir, console, progress=not quiet, allow_config_change=allow_config_change
@@ -272,6 +272,7 @@ def bench(
     from forgetless.config.loading import load_config_data
     from forgetless.config.presets import DEMO_BENCH_METHODS
     from forgetless.contract import registered_methods
+    from forgetless.core import registry
     from forgetless.report.render import write_report
     from forgetless.report.table import bench_screen_table
 
@@ -282,7 +283,8 @@ def bench(
     elif methods:
         variants = select_variants(split_variants(methods), section.variants)
     else:
-        defaults = [m for m in DEMO_BENCH_METHODS if m in registered_methods()]
+        known = registry.known_names()  # without importing every method (nor the experimental)
+        defaults = [m for m in DEMO_BENCH_METHODS if m in known]
         variants = section.variants or [parse_variant(m) for m in defaults]
     out_dir = out or Path("runs") / "bench"
     result = run_bench(
