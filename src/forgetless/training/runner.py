@@ -68,8 +68,8 @@ class Runner:
         self.inputs = fingerprints(self.cfg)
         if not distributed.is_main_process():
             return self._run(self._resumable())
-        own = self.out_dir / DATA_DIR  # data forgetless saved there itself (ContinualTrainer)
-        inputs = [Path(p) for p in self.inputs if not Path(p).is_relative_to(own)]
+        own = (self.out_dir / DATA_DIR).resolve()  # data forgetless saved there (ContinualTrainer)
+        inputs = [Path(p) for p in self.inputs if not Path(p).resolve().is_relative_to(own)]
         with OutDirLock(self.out_dir, "run", inputs):
             remove_stale_temps(self.out_dir)
             return self._run(self._resumable())
