@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -135,3 +137,17 @@ def test_listing_commands(
         monkeypatch.setattr(sys, "argv", ["forgetless", command])
         main()
         assert expected in capsys.readouterr().out
+
+
+def test_methods_listing_marks_the_experimental_corner_without_warning() -> None:
+    """Listing is not using: no ExperimentalWarning on stderr, and GCWM is marked instead."""
+    done = subprocess.run(
+        [sys.executable, "-m", "forgetless", "methods"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "200"},
+        check=True,
+    )
+    assert "ExperimentalWarning" not in done.stderr, done.stderr
+    assert "gcwm (experimental)" in done.stdout
+    assert "SFT + static KL to the base model" in done.stdout

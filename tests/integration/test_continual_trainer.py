@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from conftest import write_jsonl
 from datasets import Dataset, DatasetDict
 from rich.console import Console
@@ -105,3 +106,39 @@ def test_bad_data_and_names_are_one_line(tiny_model_dir: Path, tmp_path: Path) -
         DataError, match=r"data/y\.jsonl:1: needs string fields 'prompt' and 'completion'"
     ):
         trainer(tiny_model_dir, tmp_path / "c", [("y", [{"question": "a", "answer": "b"}])]).fit()
+
+
+def test_a_peft_model_trains_its_own_adapter(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A PeftModel keeps its adapter (name, rank, targets) and trains only it, in place."""
+    from peft import LoraConfig, get_peft_model
+
+    model, tokenizer = loaded(tiny_model_dir)
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    peft_model = get_peft_model(model, lora, adapter_name="mine")
+    base_before = {
+        n: p.detach().clone() for n, p in peft_model.named_parameters() if "lora_" not in n
+    }
+    tasks = [("first", records("a")), ("second", records("b"))]
+    results = forgetless.ContinualTrainer(
+        peft_model, tokenizer, tasks, out_dir=tmp_path / "run", progress=False,
+        console=Console(quiet=True), evaluation=EVAL, **TRAIN,
+    ).fit()  # fmt: skip
+    finetune = results.to_json()["config"]["finetune"]
+    assert finetune["mode"] == "lora" and finetune["lora"]["regime"] == "carry"
+    assert finetune["lora"]["r"] == 4 and finetune["lora"]["target_modules"] == ["q_proj", "v_proj"]
+    assert list(peft_model.peft_config) == ["mine"]
+    trained = dict(peft_model.named_parameters())
+    assert any(bool(p.abs().sum() > 0) for n, p in trained.items() if "lora_B.mine" in n)
+    assert all(torch.equal(trained[n], before) for n, before in base_before.items())
+    assert any((tmp_path / "run").rglob("adapters/mine/adapter_model.safetensors"))
+
+
+def test_a_peft_model_refuses_full_fine_tuning(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from peft import LoraConfig, get_peft_model
+
+    model, tokenizer = loaded(tiny_model_dir)
+    peft_model = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"]))
+    with pytest.raises(ConfigError, match="PeftModel trains its own adapter"):
+        forgetless.ContinualTrainer(
+            peft_model, tokenizer, [("a", records("a"))], finetune="full", out_dir=tmp_path / "r"
+        ).config()

@@ -147,16 +147,38 @@ def _check_builtin_names(cfg: Any, source: str) -> None:
 
 @app.command()
 def methods() -> None:
-    """List the registered forgetting-control methods and the capabilities they use."""
+    """List the forgetting-control methods: what each hooks into, its paper, and what it does."""
+    import warnings
+
     from forgetless.contract import registered_methods
 
-    table = Table("method", "capabilities", "paper", "description")
-    for name, cls in sorted(registered_methods().items()):
+    with warnings.catch_warnings():  # listing is not using: the experimental corner is marked
+        warnings.simplefilter("ignore")
+        found = registered_methods()
+    table = Table("method", "capabilities", "paper", "what it does")
+    for name, cls in sorted(found.items()):
         caps = ", ".join(sorted(c.value for c in cls.capabilities)) or "-"
-        summary = " ".join((cls.__doc__ or "").strip().split("\n\n")[0].split())
         paper = getattr(cls, "paper", None)
-        table.add_row(name, caps, escape(str(paper)) if paper else "-", summary)
+        table.add_row(
+            _method_label(name, cls),
+            caps,
+            escape(str(paper)) if paper else "-",
+            _method_summary(cls),
+        )
     console.print(table)
+
+
+def _method_label(name: str, cls: type) -> str:
+    experimental = cls.__module__.startswith("forgetless.experimental")
+    return f"{name} (experimental)" if experimental else name
+
+
+def _method_summary(cls: Any) -> str:
+    """The config's one-line description of the method, else the docstring's first sentence."""
+    field = cls.config_cls.model_fields.get("name")
+    if field is not None and field.description:
+        return field.description.strip().rstrip(".")
+    return " ".join((cls.__doc__ or "").strip().split("\n\n")[0].split())
 
 
 @app.command()

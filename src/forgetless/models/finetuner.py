@@ -32,9 +32,11 @@ class Finetuner:
         self.cfg = cfg
         self.adapters: list[str] = []
         """The live adapters (active; the last one trains)."""
-        self.attached: list[str] = []
+        self.attached: list[str] = list(getattr(model, "peft_config", {}))
         """Every adapter in the model, live or not yet (a sharded ``per_task`` run attaches
-        them all before the split)."""
+        them all before the split); a model that came as a ``PeftModel`` brings its own."""
+        self.carried = str(getattr(model, "active_adapter", "default"))
+        """The ``carry`` regime's one adapter: a ``PeftModel``'s active one, else "default"."""
         if self.is_lora:
             check_lora_targets(model, cfg.lora.target_modules)
 
@@ -93,7 +95,7 @@ class Finetuner:
         A ``per_task`` adapter stays out of the forward pass until its task begins."""
         if self.cfg.lora.regime == "carry":
             if not self.adapters:
-                self._add_adapter("default")
+                self._add_adapter(self.carried)
         elif f"task_{index}" not in self.attached:
             self._attach(f"task_{index}")
 
@@ -104,8 +106,10 @@ class Finetuner:
         regime = self.cfg.lora.regime
         if regime == "per_task":
             self._add_adapter(f"task_{index}")
-        elif regime == "merge" or not self.adapters:
+        elif regime == "merge":
             self._add_adapter("default")
+        elif not self.adapters:
+            self._add_adapter(self.carried)
 
     def save(self, folder: Path) -> None:
         """Full weights, or each live adapter under ``adapters/<name>/`` in PEFT's layout."""

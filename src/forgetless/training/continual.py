@@ -49,6 +49,36 @@ def _splits(data: Any, where: str) -> tuple[list[dict[str, Any]], list[dict[str,
     return _rows(data, where), None
 
 
+def _adapter(model: Any) -> Any:
+    """The LoRA config of a ``PeftModel``'s active adapter, or None for a plain model."""
+    configs = getattr(model, "peft_config", None)
+    return configs.get(getattr(model, "active_adapter", None)) if configs else None
+
+
+def _with_adapter(finetune: dict[str, Any], model: Any) -> dict[str, Any]:
+    """``finetune`` for a ``PeftModel``: LoRA in regime ``carry`` on its own adapter."""
+    adapter = _adapter(model)
+    if adapter is None:
+        return finetune
+    where = "ContinualTrainer: finetune"
+    lora = dict(finetune.get("lora") or {})
+    if finetune.get("mode") != "lora" or lora.get("regime", "carry") != "carry":
+        raise ConfigError(
+            f"{where}: a PeftModel trains its own adapter (LoRA, regime carry); "
+            "call merge_and_unload() on it first for full fine-tuning or another regime"
+        )
+    targets = adapter.target_modules
+    if isinstance(targets, str):
+        raise ConfigError(f"{where}: the adapter's target_modules is a pattern ({targets!r})")
+    lora.update(
+        r=adapter.r, alpha=adapter.lora_alpha, dropout=adapter.lora_dropout,
+        target_modules=sorted(targets), regime="carry",
+    )  # fmt: skip
+    if adapter.layers_to_transform is not None:
+        lora["layers"] = list(adapter.layers_to_transform)
+    return {**finetune, "lora": lora}
+
+
 def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
     lines = [json.dumps(r, ensure_ascii=False, default=str) for r in rows]
     atomic_write_text(path, "\n".join(lines) + "\n")
@@ -61,8 +91,11 @@ class ContinualTrainer:
     ``tasks`` and data ``probes`` are ``(name, data)`` pairs, where data is a
     ``datasets.Dataset``, a ``DatasetDict`` (``train`` plus ``test``/``validation``) or a list of
     dicts, each in prompt/completion or chat ``messages`` form; a probe may also be a built-in
-    name. ``method`` is a name or a ``{name: ..., options}`` mapping; ``finetune`` is ``full``,
-    ``lora`` or a ``finetune:`` mapping; ``evaluation`` is an ``eval:`` mapping; every other
+    name. ``method`` is a name or a ``{name: ..., options}`` mapping; ``finetune`` is ``full``
+    (the default), ``lora`` or a ``finetune:`` mapping. A ``peft.PeftModel`` trains its own
+    active adapter across the tasks (LoRA, regime ``carry``, its rank and targets); its
+    "before" is the model as given, adapter included, while a method's frozen reference
+    (KL-SFT's) is loaded from its ``name_or_path``, without the adapter; ``evaluation`` is an ``eval:`` mapping; every other
     keyword is a ``train:`` setting (``steps``, ``lr``, ``batch_size``, ``max_length`` ...).
     """
 
@@ -74,7 +107,7 @@ class ContinualTrainer:
         method: str | Mapping[str, Any] = "seq_ft",
         *,
         probes: Sequence[str | tuple[str, Any]] = (),
-        finetune: str | Mapping[str, Any] = "full",
+        finetune: str | Mapping[str, Any] | None = None,
         evaluation: Mapping[str, Any] | None = None,
         out_dir: str | Path = "runs/continual",
         seed: int = 0,
@@ -102,11 +135,12 @@ class ContinualTrainer:
 
     def config(self) -> RunConfig:
         """The run's config, its tasks' data saved under ``out_dir/data``."""
-        mode = self.finetune
+        mode = self.finetune or ("lora" if _adapter(self.model) else "full")
+        finetune = {"mode": mode} if isinstance(mode, str) else dict(mode)
         data = {
             "seed": self.seed,
             "model": {"name_or_path": self._model_source()},
-            "finetune": {"mode": mode} if isinstance(mode, str) else dict(mode),
+            "finetune": _with_adapter(finetune, self.model),
             "train": self.train,
             "eval": self.evaluation,
             "tasks": [self._task(name, d, "tasks") for name, d in self.tasks],
