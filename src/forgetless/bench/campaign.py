@@ -125,10 +125,38 @@ def commit_at_start() -> str | None:
     return git_commit()
 
 
-def provenance() -> dict[str, Any]:
-    """The commit checked out (when the run started) and the machine a run ran on."""
+def load_average() -> float | None:
+    """The 1-minute load average (None where the system has none)."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
+
+
+def contention(load_at_start: float | None) -> dict[str, Any]:
+    """The load beside a run: at its start (other work only) and at its end (its own threads
+    included). The cores were shared when other work held more than half a core at either end;
+    cost ratios compare only runs where they were not."""
+    threads = torch.get_num_threads()
+    end = load_average()
+    busy_start = load_at_start is not None and load_at_start > 0.5
+    busy_end = end is not None and end > threads + 0.5
+    unknown = load_at_start is None or end is None
+    return {
+        "load_start": load_at_start,
+        "load_end": end,
+        "shared_cores": None
+        if unknown and not (busy_start or busy_end)
+        else busy_start or busy_end,
+    }
+
+
+def provenance(load_at_start: float | None = None) -> dict[str, Any]:
+    """The commit checked out (when the run started), the machine a run ran on, and the load
+    beside it."""
     return {
         "commit": commit_at_start(),
+        "contention": contention(load_at_start),
         "machine": {
             "device": device_kind(),
             "cpu": cpu_name(),
@@ -143,7 +171,11 @@ def provenance() -> dict[str, Any]:
 
 
 def save_record(
-    path: Path, cfg: RunConfig, summary: dict[str, Any], results: dict[str, Any]
+    path: Path,
+    cfg: RunConfig,
+    summary: dict[str, Any],
+    results: dict[str, Any],
+    load_at_start: float | None = None,
 ) -> None:
     record = {
         "record_version": RECORD_VERSION,
@@ -151,7 +183,7 @@ def save_record(
         "config": cfg.model_dump(mode="json"),
         "summary": summary,
         "results": results,
-        **provenance(),
+        **provenance(load_at_start),
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, record)

@@ -14,6 +14,7 @@ from rich.console import Console
 from forgetless.bench.campaign import (
     commit_at_start,
     config_key,
+    load_average,
     load_record,
     record_path,
     save_record,
@@ -169,6 +170,7 @@ def run_bench(
         commit_at_start()  # what every record names: the code the bench started with
         planned = plan_runs(base, variants, seeds, orders, out_dir, first_seed)
         summaries: dict[int, dict[str, Any]] = {}
+        loads: dict[int, float | None] = {}
         todo: list[Job] = []
 
         def finished(position: int, results: dict[str, Any]) -> None:
@@ -176,7 +178,7 @@ def run_bench(
             summaries[position] = _run_summary(variant, folder, results)
             kept = campaign and record_path(campaign, folder.parent.name, folder.name)
             if kept:
-                save_record(kept, cfg, summaries[position], results)
+                save_record(kept, cfg, summaries[position], results, loads.get(position))
 
         if threads is not None:
             torch.set_num_threads(threads)
@@ -191,6 +193,7 @@ def run_bench(
                 todo.append((position, cfg.model_dump(mode="json"), folder))
             else:
                 console.print(f"[bold]{label}[/]: {variant.name} → {folder}")
+                loads[position] = load_average()
                 finished(position, Runner(cfg, folder, console, progress=progress).run().to_json())
         if todo:
 

@@ -27,8 +27,9 @@ ROW_FIELDS = (
     "kl_base_to_model",
     "kl_model_to_base",
     "prose",
+    "probe_items",
 )
-ROW_VERSION = 1
+ROW_VERSION = 2
 
 
 def _model_files(source: str) -> list[tuple[str, int, int]] | None:

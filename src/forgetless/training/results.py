@@ -30,6 +30,9 @@ class Results:
     per_task: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
     probe_chance: list[float] = field(default_factory=list)
+    probe_items: list[list[str]] = field(default_factory=list)
+    """Per row, per probe: each question's outcome in order, "1" right and "0" wrong (empty for
+    an lm-eval probe), so an interval can resample the items as well as the seeds."""
     loglik: list[list[float | None]] = field(default_factory=list)
     probe_loglik: list[list[float | None]] = field(default_factory=list)
     prose: list[dict[str, float]] = field(default_factory=list)
@@ -44,6 +47,7 @@ class Results:
         self.accuracy.append([row.accuracy[t] for t in self.tasks])
         self.probe_accuracy.append([row.accuracy[p] for p in self.probes])
         self.probe_chance = [row.chance[p] for p in self.probes]
+        self.probe_items.append([_outcomes(row, p) for p in self.probes])
         if row.loglik:
             self.loglik.append([row.loglik[t] for t in self.tasks])
             self.probe_loglik.append([row.loglik.get(p) for p in self.probes])
@@ -118,6 +122,7 @@ class Results:
             "per_task": self.per_task,
             "events": self.events,
             "probe_chance": self.probe_chance,
+            "probe_items": self.probe_items,
             "loglik": self.loglik,
             "probe_loglik": self.probe_loglik,
             "prose": self.prose,
@@ -148,12 +153,18 @@ class Results:
             per_task=data["per_task"],
             events=data.get("events", []),
             probe_chance=data.get("probe_chance", []),
+            probe_items=data.get("probe_items", []),
             loglik=data.get("loglik", []),
             probe_loglik=data.get("probe_loglik", []),
             prose=data.get("prose", []),
             eval_seconds=data.get("eval_seconds", []),
             inputs=data.get("inputs", {}),
         )
+
+
+def _outcomes(row: EvalRow, probe: str) -> str:
+    scored = row.results.get(probe)
+    return "".join("1" if c else "0" for c in scored.correct) if scored is not None else ""
 
 
 def _check_results(data: Any, path: Path) -> None:
