@@ -1,0 +1,107 @@
+"""The verdicts plan's tests: unclipped retention decides, only declared comparisons reach a
+verdict line, Holm and TOST as declared, and the sweep's choice follows the plan's rule."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+import verdicts
+from verdict_judge import Judged, judge_family, verdict_line
+from verdict_stats import ProbeRun, bootstrap_interval, general_retention, holm, tost_matched
+
+PLAN = verdicts.load_plan()
+ITEMS = 200
+
+
+def outcomes(rate: float, rng: random.Random) -> str:
+    return "".join("1" if rng.random() < rate else "0" for _ in range(ITEMS))
+
+
+def record(seed: int, base: float, now: float, gain: float, rng: random.Random) -> dict[str, Any]:
+    """A kept run: gk-mc with the given base and final rates, chat-format at ceiling."""
+    items = [[outcomes(base, rng), "1" * 32], [outcomes(now, rng), "1" * 32]]
+    score = [[r[0].count("1") / ITEMS, 1.0] for r in items]
+    return {
+        "summary": {"seed": seed, "metrics": {"gain": gain}},
+        "results": {
+            "probes": ["gk-mc", "chat-format"],
+            "probe_chance": [0.25, 0.0],
+            "probe_items": items,
+            "probe_accuracy": score,
+            "accuracy_matrix": [[0.0, 0.0], [gain, 0.0], [0.0, gain]],
+        },
+    }
+
+
+def campaign(arms: dict[str, tuple[float, float]], gains: dict[str, float]) -> dict[str, Any]:
+    rng = random.Random(0)
+    return {
+        f"cpu/{arm}/s{seed}": record(seed, base, now, gains.get(arm, 0.9), rng)
+        for arm, (base, now) in arms.items()
+        for seed in range(1000, 1005)
+    }
+
+
+def test_retention_above_the_base_is_not_clipped() -> None:
+    """Both arms end above the base's score: clipped at 1 they would tie; unclipped, the arm
+    that gained more is judged to keep more (the TIES and sae_fd-dense rows of issue 49)."""
+    records = campaign({"replay": (0.55, 0.75), "seq_ft": (0.55, 0.60)}, {})
+    replay = next(j for j in judge_family(PLAN, {"a": records}) if j.arm == "replay")
+    stat = replay.orders["a"]
+    assert stat["diff"] > 0.3 and stat["bootstrap"][0] > 0
+    assert replay.verdict_a == "retains more"
+    assert stat["dropped"] == ["chat-format"]  # at ceiling in every run: left out, and said
+    assert "+0." in verdict_line(PLAN, replay)
+
+
+def test_unmatched_gain_is_the_frontier_not_retains_more() -> None:
+    records = campaign({"ewc": (0.55, 0.55), "seq_ft": (0.55, 0.35)}, {"ewc": 0.5})
+    ewc = next(j for j in judge_family(PLAN, {"a": records}) if j.arm == "ewc")
+    assert ewc.verdict_a == "frontier"
+
+
+def test_only_declared_comparisons_and_metric_reach_a_verdict_line() -> None:
+    with pytest.raises(ValueError, match="not in the declared family"):
+        verdict_line(PLAN, Judged("ties", "seq_ft", 1, "x"))
+    with pytest.raises(ValueError, match="primary metric"):
+        verdict_line(PLAN, Judged("replay", "seq_ft", 1, "x", metric="retention_clipped"))
+
+
+def test_holm_and_tost_against_hand_computed_values() -> None:
+    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert tost_matched([0.01, -0.02, 0.0, 0.015, -0.005], margin=0.05)
+    assert not tost_matched([0.04, 0.08, 0.03, 0.07, 0.06], margin=0.05)
+
+
+def test_bootstrap_interval_holds_the_point_estimate() -> None:
+    rng = random.Random(1)
+    arm = [[ProbeRun(0.25, outcomes(0.6, rng), outcomes(0.55, rng))] for _ in range(5)]
+    control = [[ProbeRun(0.25, outcomes(0.6, rng), outcomes(0.4, rng))] for _ in range(5)]
+    point = (
+        sum(general_retention(a) - general_retention(c) for a, c in zip(arm, control, strict=True))
+        / 5
+    )
+    low, high = bootstrap_interval(arm, control, resamples=2000)
+    assert low < point < high and low > 0
+
+
+def test_the_sweep_choice_follows_the_rule() -> None:
+    sweep = {"seq_ft": [0.90], "dft@default": [0.70]}
+    for arm, method in PLAN["arms"].items():
+        for label, _ in verdicts.strengths(method):
+            sweep.setdefault(f"{arm}@{label}", [0.88])
+    sweep["kl_sft@beta=0.4"] = [0.60]  # the strongest loses gain: the next strongest is chosen
+    chosen = verdicts.choose(PLAN, sweep)
+    assert chosen["kl_sft"]["beta"] == 0.1 and chosen["ewc"]["lam"] == 120000.0
+    assert chosen["dft"] == {"name": "dft"}
+
+
+def test_the_sweep_config_matches_the_plan() -> None:
+    cfg = verdicts.sweep_config(PLAN)
+    assert cfg["eval"]["between"] == cfg["eval"]["n_eval"]
+    assert cfg["bench"]["first_seed"] == PLAN["sweep"]["seeds"][0]
+    assert set(PLAN["seeds"]["measuring"]).isdisjoint(PLAN["seeds"]["retired"])
+    names = [t if isinstance(t, str) else t["builtin"] for t in cfg["tasks"]]
+    assert names == PLAN["test_bed"]["tasks_order_a"]

@@ -1,0 +1,181 @@
+"""The real-track verdicts campaign, run and judged as its plan declares
+(studies/plans/real-verdicts.yaml).
+
+    python studies/verdicts.py configs            # the sweep's config, from the plan
+    python studies/verdicts.py run sweep          # forgetless bench on it, resumable; then pack
+    python studies/verdicts.py choose             # the measured strengths → order A's config
+    python studies/verdicts.py run a              # the measuring seeds, order A
+    python studies/verdicts.py order-b            # order B's config: seq_ft + arms judged in A
+    python studies/verdicts.py run b
+    python studies/verdicts.py render [--check]   # docs/verdicts.md from the kept runs
+
+Every run lands in runs/campaigns/<config stem>/ (the bench skips what is kept there) and is
+packed into studies/results/campaigns/<config stem>.jsonl.gz after each bench. On a lent GPU
+the same commands run every arm there; the records name the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+from runs import CAMPAIGNS, ROOT, pack_path, read_pack
+from verdict_judge import Judged, judge_family, render
+
+PLAN = ROOT / "studies" / "plans" / "real-verdicts.yaml"
+BASE = ROOT / "studies" / "configs" / "real.yaml"
+DOC = ROOT / "docs" / "verdicts.md"
+
+
+def load_plan(path: Path = PLAN) -> dict[str, Any]:
+    return yaml.safe_load(path.read_text(encoding="utf-8"))
+
+
+def config_path(plan: dict[str, Any], stage: str) -> Path:
+    return ROOT / plan["test_bed"]["configs"][{"a": "order_a", "b": "order_b"}.get(stage, stage)]
+
+
+def base_config(plan: dict[str, Any], order: str) -> dict[str, Any]:
+    """The real track's run config with the plan's evaluation sizes and task order."""
+    cfg = yaml.safe_load(BASE.read_text(encoding="utf-8"))
+    cfg.pop("bench")
+    cfg["eval"]["between"] = cfg["eval"]["n_eval"]
+    tasks = {t if isinstance(t, str) else t["builtin"]: t for t in cfg["tasks"]}
+    cfg["tasks"] = [tasks[name] for name in plan["test_bed"][f"tasks_order_{order}"]]
+    return cfg
+
+
+def strengths(method: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """The sweep's three strengths of one arm (the plan's rule), each as a named config."""
+    sys.path.insert(0, str(ROOT / "src"))
+    from forgetless.contract import method_class
+
+    knob = method_class(method["name"]).knob
+    if knob.learning_rate:  # no strength of its own: run at its definition
+        return [("default", method)]
+    default = getattr(method_class(method["name"]).config_cls.model_validate(method), knob.field)
+    values = [min(knob.high, max(knob.low, default * f)) for f in (1.0, 0.25, 4.0)]
+    return [(f"{knob.field}={v:g}", {**method, knob.field: v}) for v in dict.fromkeys(values)]
+
+
+def sweep_config(plan: dict[str, Any]) -> dict[str, Any]:
+    cfg = base_config(plan, plan["sweep"]["order"])
+    variants = [{"name": "seq_ft", "method": {"name": "seq_ft"}}]
+    for arm, method in plan["arms"].items():
+        if arm != plan["control"]:
+            variants += [{"name": f"{arm}@{label}", "method": m} for label, m in strengths(method)]
+    cfg["bench"] = {"seeds": len(plan["sweep"]["seeds"]), "first_seed": plan["sweep"]["seeds"][0]}
+    cfg["bench"]["variants"] = variants
+    return cfg
+
+
+def measuring_config(plan: dict[str, Any], order: str, arms: dict[str, Any]) -> dict[str, Any]:
+    cfg = base_config(plan, order)
+    seeds = plan["seeds"]["measuring"]
+    assert seeds == list(range(seeds[0], seeds[0] + len(seeds))), "measuring seeds run in a row"
+    cfg["bench"] = {"seeds": len(seeds), "first_seed": seeds[0]}
+    cfg["bench"]["variants"] = [{"name": a, "method": m} for a, m in arms.items()]
+    return cfg
+
+
+def write_config(path: Path, cfg: dict[str, Any], header: str) -> None:
+    text = yaml.safe_dump(cfg, sort_keys=False, allow_unicode=True, width=100)
+    path.write_text(f"# {header}\n# Written by studies/verdicts.py from {PLAN.name}.\n{text}")
+    print(f"wrote {path.relative_to(ROOT)}")
+
+
+def kept(path: Path) -> dict[str, dict[str, Any]]:
+    return read_pack(pack_path(path.stem, CAMPAIGNS))
+
+
+def gains(records: dict[str, dict[str, Any]]) -> dict[str, list[float]]:
+    """Each variant's gain per kept run (the sweep's tuning seeds)."""
+    out: dict[str, list[float]] = {}
+    for run, record in records.items():
+        out.setdefault(run.split("/")[1], []).append(record["summary"]["metrics"]["gain"])
+    return out
+
+
+def choose(plan: dict[str, Any], sweep: dict[str, list[float]]) -> dict[str, Any]:
+    """The measured strength of each arm: the plan's rule on the sweep's gains."""
+    from statistics import fmean
+
+    margin, target = plan["test"]["gain_margin"], fmean(sweep[plan["control"]])
+    chosen = {plan["control"]: plan["arms"][plan["control"]]}
+    for arm, method in plan["arms"].items():
+        if arm == plan["control"]:
+            continue
+        options = [(label, m, fmean(sweep[f"{arm}@{label}"])) for label, m in strengths(method)]
+        within = [o for o in options if abs(o[2] - target) <= margin]
+        if within:
+            key = method_knob_value(within)
+            chosen[arm] = max(within, key=key)[1]
+        else:
+            chosen[arm] = min(options, key=lambda o: abs(o[2] - target))[1]
+    return chosen
+
+
+def method_knob_value(options: list[tuple[str, dict[str, Any], float]]) -> Any:
+    """Order options by how much they keep: the knob's value, reversed for a 'lower' knob."""
+    from forgetless.contract import method_class
+
+    knob = method_class(options[0][1]["name"]).knob
+    sign = 1 if knob.keeps_more == "higher" else -1
+    return lambda o: sign * o[1].get(knob.field, 0.0)
+
+
+def run_stage(plan: dict[str, Any], stage: str, jobs: int) -> int:
+    config = config_path(plan, stage)
+    stem = config.stem
+    bench = [
+        sys.executable, "-m", "forgetless", "bench", str(config), "--quiet",
+        "--campaign", f"runs/campaigns/{stem}", "--out", f"runs/{stem}", "--jobs", str(jobs),
+    ]  # fmt: skip
+    subprocess.run([sys.executable, "studies/runs.py", "unpack", stem], cwd=ROOT, check=False)
+    code = subprocess.run(bench, cwd=ROOT).returncode
+    subprocess.run([sys.executable, "studies/runs.py", "pack", stem], cwd=ROOT, check=True)
+    return code
+
+
+def judged(plan: dict[str, Any]) -> list[Judged]:
+    orders = {o: kept(config_path(plan, o)) for o in ("a", "b")}
+    return judge_family(plan, orders)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("command", choices=["configs", "run", "choose", "order-b", "render"])
+    parser.add_argument("stage", nargs="?", choices=["sweep", "a", "b"])
+    parser.add_argument("--jobs", type=int, default=1)
+    parser.add_argument("--check", action="store_true")
+    args = parser.parse_args(argv)
+    plan = load_plan()
+    if args.command == "configs":
+        write_config(config_path(plan, "sweep"), sweep_config(plan), "The strength sweep.")
+    elif args.command == "run":
+        return run_stage(plan, args.stage or "sweep", args.jobs)
+    elif args.command == "choose":
+        arms = choose(plan, gains(kept(config_path(plan, "sweep"))))
+        write_config(config_path(plan, "a"), measuring_config(plan, "a", arms), "Order A.")
+    elif args.command == "order-b":
+        chosen = yaml.safe_load(config_path(plan, "a").read_text())["bench"]["variants"]
+        judged_a = [j for j in judged(plan) if j.verdict_a in ("retains more", "retains less")]
+        names = {j.arm for j in judged_a} | {j.control for j in judged_a}
+        arms = {v["name"]: v["method"] for v in chosen if v["name"] in names | {plan["control"]}}
+        cfg = measuring_config(plan, "b", copy.deepcopy(arms))
+        write_config(config_path(plan, "b"), cfg, "Order B.")
+    else:
+        text = render(plan, judged(plan))
+        if args.check:
+            return 0 if DOC.is_file() and DOC.read_text(encoding="utf-8") == text else 1
+        DOC.write_text(text, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
