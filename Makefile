@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 CONSTRAINTS ?= constraints.txt
 PIN    := $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 
-.PHONY: setup smollm2 deepspeed browser demo examples test test-slow studies lint bench clean
+.PHONY: setup smollm2 deepspeed browser demo examples test test-slow studies bench-check lint bench clean
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -51,6 +51,9 @@ examples: setup  ## the two bring-your-own examples (ContinualTrainer; SFTTraine
 
 studies: setup  ## the campaigns' checks, CI's second step: docs tables render from studies/results
 	$(VENV)/bin/pytest -q studies/tests
+
+bench-check: setup  ## the benchmarks' own checks: the device script's CPU dry run (CI's fourth step)
+	$(VENV)/bin/pytest -q benchmarks/tests
 
 bench: setup  ## every benchmark (benchmarks/run), then benchmarks/RESULTS.md; BENCH=--quick shrinks it
 	PYTHON=$(PY) benchmarks/run $(BENCH)

@@ -44,6 +44,7 @@ from forgetless.contract.method import (
     trainable_parameters,
 )
 from forgetless.contract.plan import TrainPlan, TrainStats
+from forgetless.core import registry
 from forgetless.engine.session import TaskSession
 from forgetless.models.finetuner import Finetuner
 from forgetless.models.tiny import build_char_tokenizer, build_tiny_model
@@ -65,8 +66,12 @@ def methods() -> list[str]:
 
 
 def supports(name: str, mode: str) -> bool:
-    """Whether ``name`` runs in fine-tuning ``mode`` (full or lora)."""
-    return mode == "lora" or registered_methods()[name].lora_regimes is None
+    """Whether ``name`` runs in fine-tuning ``mode`` (full or lora; LoRA in the method's first
+    declared regime), by the rules the config's validation reads (``block_expansion`` is
+    full-only, O-LoRA LoRA-only)."""
+    cls = registered_methods()[name]
+    regime = cls.lora_regimes[0] if cls.lora_regimes else "carry"
+    return registry.lora_rule_broken(cls, mode, regime) is None
 
 
 def add_harness_args(parser: argparse.ArgumentParser) -> None:

@@ -19,6 +19,7 @@ Run: ``python benchmarks/method_steps.py [--steps 30] [--repeats 3]``; the repor
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from method_harness import (  # benchmarks/ is on sys.path
     supports,
 )
 from peak_memory import add_step_args, run_forked
+from run_all import machine
 
 from forgetless.core.storage import atomic_write_json
 
@@ -57,10 +59,13 @@ def main() -> None:
         rows: list[dict[str, Any]] = run_forked(measure, name, mode, args, [1])
         return rows
 
+    load_before = os.getloadavg()[0]
     runs = alternated(cases, args.repeats, run)
     rows = summarize({c: [r[0] for r in rs] for c, rs in runs.items()})
     report = {
         "device": "cuda" if torch.cuda.is_available() else "cpu",
+        "machine": machine(torch.get_num_threads()),
+        "load_average": {"before": load_before, "after": os.getloadavg()[0]},
         "settings": {k: v for k, v in vars(args).items() if k != "out"},
         "excluded": EXCLUDED,
         "rows": rows,

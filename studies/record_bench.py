@@ -6,7 +6,9 @@ files by code.
     python studies/record_bench.py baselines -- --methods seq_ft,replay --seeds 3
 
 Everything after ``--`` goes to ``forgetless bench``; its output folder is ``runs/bench-NAME``
-unless given, and a re-run resumes the bench where it stopped.
+unless given, and a re-run resumes the bench where it stopped. ``--recorded`` keeps the bench
+already finished in that folder without running it again (a bench whose runs' stored configs a
+later change of the config schema keeps from resuming); its command is then the one given.
 """
 
 from __future__ import annotations
@@ -37,13 +39,19 @@ def main() -> None:
     cut = argv.index("--") if "--" in argv else len(argv)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("name", help="the report is studies/results/bench-NAME.json")
+    parser.add_argument(
+        "--recorded", action="store_true", help="keep the finished bench in --out, run nothing"
+    )
     args = parser.parse_args(argv[:cut])
     bench_args = argv[cut + 1 :]
     if "--out" not in bench_args:
         bench_args += ["--out", f"runs/bench-{args.name}"]
     out = Path(bench_args[bench_args.index("--out") + 1])
     command = [sys.executable, "-m", "forgetless", "bench", "--quiet", *bench_args]
-    subprocess.run(command, check=True)
+    if args.recorded:
+        del command[4]  # the command that ran it, not this one
+    else:
+        subprocess.run(command, check=True)
     bench = json.loads((out / "bench.json").read_text(encoding="utf-8"))
     first = Path(bench["runs"][0]["folder"]) / "config.yaml"
     bench["provenance"] = {

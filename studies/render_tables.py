@@ -20,8 +20,11 @@ A scales table (``<!-- scales-table: claims_scales.yaml -->``) sets each paper's
 at both scales side by side, from the same rows (``claims_scales.py``).
 A memory table (``<!-- memory-table: DEVICES -->`` … ``<!-- /memory-table -->``) renders
 ``memory_model.py``'s bytes per device; a memory check (``<!-- memory-check: FILE -->``) renders
-``memory_check.py``'s measured tensors beside the model's. ``--check`` exits 1 when a document
-differs from what its data renders (a test runs it).
+``memory_check.py``'s measured tensors beside the model's. A method-steps block
+(``<!-- method-steps: benchmarks/results/FILE -->``) renders a ``method_steps.py`` report as
+RESULTS.md does; a step-ratios block (``<!-- step-ratios: FILE -->``) ``remedies_cost.py``'s
+steps on SmolLM2-135M. ``--check`` exits 1 when a document differs from what its data
+renders (a test runs it).
 
     python studies/render_tables.py [--check] [FILES...]
 """
@@ -79,6 +82,11 @@ ZERO_MEMORY = re.compile(r"(<!-- zero-memory: (\S+) -->\n)(.*?)(<!-- /zero-memor
 """``zero_memory.py``'s count of the optimizer's tensors per process, one line per layout."""
 SCALES = re.compile(r"(<!-- scales-table: (\S+) -->\n)(.*?)(<!-- /scales-table -->)", re.S)
 """The papers' claims at both scales side by side (``claims_scales.py``)."""
+METHOD_STEPS = re.compile(r"(<!-- method-steps: (\S+) -->\n)(.*?)(<!-- /method-steps -->)", re.S)
+"""A ``benchmarks/method_steps.py`` report (path from the repository root) as RESULTS.md's
+table of every method against ``seq_ft``, with the machine and its load."""
+STEP_RATIOS = re.compile(r"(<!-- step-ratios: (\S+) -->\n)(.*?)(<!-- /step-ratios -->)", re.S)
+"""``remedies_cost.py``'s steps on SmolLM2-135M against ``seq_ft``'s."""
 AGREEMENT = re.compile(r"(<!-- agreement-table: (\S+) -->\n)(.*?)(<!-- /agreement-table -->)", re.S)
 """Rows of studies/results/scale_out_agreement.json under one layout key (``zero2``, ...)."""
 CAMPAIGN_COLUMNS = [
@@ -352,6 +360,33 @@ def render_zero_memory(name: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_method_steps(path: str) -> str:
+    report = json.loads((ROOT / path).read_text(encoding="utf-8"))
+    return method_steps_table(report, Path(path).name)
+
+
+def method_steps_table(report: dict[str, Any], name: str) -> str:
+    """RESULTS.md's table of every method against ``seq_ft``, then how and where it was timed
+    (the 1-minute load average tells whether other jobs shared the cores)."""
+    from results_table import _methods_md  # benchmarks/ is on sys.path (circuits_claims)
+
+    m, s, load = report["machine"], report["settings"], report["load_average"]
+    lines = _methods_md(report)
+    lines.append(
+        f"\n{s['repeats']} repeats of {s['warmup']} warm-up + {s['steps']} timed steps, batch "
+        f"{s['batch_size']} (`{name}`); on {m['cpu']} ({m['cores']} cores, {m['torch_threads']} "
+        f"torch thread(s), torch {m['torch']}), 1-minute load average {load['before']:.1f} "
+        f"before, {load['after']:.1f} after."
+    )
+    return "\n".join(lines) + "\n"
+
+
+def render_step_ratios(name: str) -> str:
+    from remedies_cost import render_steps  # imports the model stack: only when quoted
+
+    return render_steps(json.loads((RESULTS / name).read_text(encoding="utf-8")))
+
+
 def render_tasks(name: str) -> str:
     if not (RESULTS / name).is_file():
         return f"Not measured yet: `studies/results/{name}` is not there.\n"
@@ -423,6 +458,14 @@ def rewrite(text: str) -> str:
         return match.group(1) + render_scales(match.group(2), block) + match.group(4)
 
     text = SCALES.sub(scales, ZERO_MEMORY.sub(zero_memory, AGREEMENT.sub(agreement, text)))
+
+    def steps(match: re.Match[str]) -> str:
+        return match.group(1) + render_method_steps(match.group(2)) + match.group(4)
+
+    def ratios(match: re.Match[str]) -> str:
+        return match.group(1) + render_step_ratios(match.group(2)) + match.group(4)
+
+    text = STEP_RATIOS.sub(ratios, METHOD_STEPS.sub(steps, text))
     return MEMORY_CHECK.sub(checked, BUDGET.sub(budget, text))
 
 

@@ -205,14 +205,15 @@ CATALOGUE: dict[str, tuple[Case, str]] = {
     "missing dataset": (_missing_dataset, "data file not found: "),
     "missing hub dataset": (
         _missing_hub_dataset,
-        "dataset 'no-such-user/no-such-dataset' split 'train': Couldn't reach",
+        "dataset 'no-such-user/no-such-dataset' is not a local folder and not in the Hugging "
+        "Face cache",
     ),
     "empty task": (_empty_task, "empty.jsonl: no examples"),
     "empty sequence": (_empty_sequence, "tasks: List should have at least 1 item"),
     "JSONL line not JSON": (_jsonl_not_json, "data.jsonl:2: invalid JSON (Expecting value"),
     "JSONL line lacks fields": (
         _jsonl_lacks_fields,
-        "data.jsonl:2: needs string fields 'prompt' and 'completion'",
+        "data.jsonl:2: no column 'completion'; found: prompt, answer",
     ),
     "prompt longer than max_length": (
         _prompt_too_long,

@@ -104,7 +104,10 @@ def test_quiet_progress_prints_plain_lines_once_work_is_long() -> None:
     with progress, progress.task("evaluate", 10000) as advance:
         for _ in range(5):
             advance(None)
-    assert out.getvalue().splitlines() == ["evaluate: 3/10000", "evaluate: 5/10000"]
+    assert out.getvalue().splitlines() == [
+        "evaluate: 3/10000, 0.29/s, 9h43m left",
+        "evaluate: 5/10000, 0.12/s, 22h45m left",
+    ]
 
 
 def test_short_work_prints_no_progress_line() -> None:

@@ -103,7 +103,7 @@ def test_bad_data_and_names_are_one_line(tiny_model_dir: Path, tmp_path: Path) -
         trainer(tiny_model_dir, tmp_path / "b", [("../up", records("a"))]).fit()
     assert not (tmp_path / "up.jsonl").exists()
     with pytest.raises(
-        DataError, match=r"data/y\.jsonl:1: needs string fields 'prompt' and 'completion'"
+        DataError, match=r"data/y\.jsonl:1: no column 'prompt'; found: question, answer"
     ):
         trainer(tiny_model_dir, tmp_path / "c", [("y", [{"question": "a", "answer": "b"}])]).fit()
 

@@ -97,7 +97,7 @@ def test_methods_lists_an_installed_packages_method(site: Path, tmp_path: Path) 
     done = forgetless_cli(site, "methods", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     row = next(line for line in done.stdout.splitlines() if "shrink" in line)
-    assert "loss_terms" in row and "over the trainable weights" in row
+    assert "loss_terms" in row and "L2 on the trainable weights" in row
 
 
 def test_a_run_naming_it_validates(site: Path, tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -36,6 +36,7 @@ from forgetless.integrations import (
 )
 from forgetless.integrations.batches import uncollate
 from forgetless.integrations.control import placeholder_task
+from forgetless.methods.token_weighting import dft_loss
 from forgetless.models.tiny import build_char_tokenizer
 from forgetless.tasks.base import Task
 from forgetless.tasks.builtin import build_builtin_task
@@ -143,7 +144,7 @@ def forgetless_step(
 
 
 @pytest.mark.parametrize("trainer_cls", TRAINERS)
-@pytest.mark.parametrize("name", ["seq_ft", "ewc", "replay", "kl_sft"])
+@pytest.mark.parametrize("name", ["seq_ft", "ewc", "replay", "kl_sft", "dft", "asft", "eaft"])
 def test_the_first_step_of_a_task_has_the_terms_of_a_forgetless_step(
     name: str, trainer_cls: type[Trainer], tiny_model_dir: Path, tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -187,6 +188,38 @@ def test_the_first_step_of_a_task_has_the_terms_of_a_forgetless_step(
         assert terms["ewc"] > 0  # a real penalty: task 1's Fisher and anchor
     if name == "replay":
         assert len(control.method.buffer) == 16  # task 1's examples, memory carried over
+
+
+def test_a_replaced_task_loss_is_normalised_as_the_trainer_normalises_its_own(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Two accumulated micro-batches of unequal scored tokens: each one's DFT loss is its sum
+    over the tokens of both (``num_items_in_batch``), as the trainer's own cross-entropy is."""
+    tokenizer = build_char_tokenizer()
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir))
+    seen: list[tuple[float, float, int, int]] = []
+
+    class Spy(with_method(Trainer, "dft")):  # type: ignore[misc]
+        def compute_loss(self, model: Any, inputs: Any, *args: Any, **kw: Any) -> Any:
+            loss = super().compute_loss(model, inputs, *args, **kw)
+            items, labels = kw["num_items_in_batch"], inputs["labels"]
+            with torch.no_grad():
+                logits = model(
+                    input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"]
+                )
+                expected = dft_loss(logits.logits, labels, items)
+            tokens = int((labels[:, 1:] != IGNORE_INDEX).sum())
+            seen.append((float(loss.detach()), float(expected), int(items), tokens))
+            return loss
+
+    args = arguments(Trainer, tmp_path, steps=1, per_device_train_batch_size=4,
+                     gradient_accumulation_steps=2)  # fmt: skip
+    data = features(tokenizer, "reverse", 8)
+    Spy(**trainer_kwargs(Trainer, model, tokenizer, args, data)).train()
+    (loss_a, expected_a, items, tokens_a), (loss_b, expected_b, items_b, tokens_b) = seen
+    assert items == items_b == tokens_a + tokens_b and tokens_a != tokens_b
+    assert loss_a == pytest.approx(expected_a, abs=1e-6)
+    assert loss_b == pytest.approx(expected_b, abs=1e-6)
 
 
 def two_tasks(

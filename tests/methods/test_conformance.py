@@ -54,6 +54,8 @@ def test_method_contract(name: str, finetune: str, tiny_model_dir: Path, tmp_pat
     cls = registered_methods()[name]
     if finetune == "full" and cls.lora_regimes:
         pytest.skip(f"{name} needs LoRA")
+    if finetune == "lora" and cls.full_only:
+        pytest.skip(f"{name} refuses LoRA")
     assert cls.__doc__, f"{name} needs a docstring"
     for field_name, field in cls.config_cls.model_fields.items():
         assert field.description or field_name == "name", f"{name}.{field_name} needs a description"
@@ -65,6 +67,28 @@ def test_method_contract(name: str, finetune: str, tiny_model_dir: Path, tmp_pat
     assert first["accuracy_matrix"] == second["accuracy_matrix"], "deterministic under a seed"
     assert first["kl_drift"] == second["kl_drift"]
     _same_checkpoint(tmp_path / "a", tmp_path / "b")
+
+
+@pytest.mark.parametrize("name", BUILTIN)
+def test_method_trains_with_gradient_checkpointing(
+    name: str, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Every method's hooks and extra forward passes (anchors, references, Fisher and
+    relevance passes) still work with the decoder layers checkpointed."""
+    method, own = _case(name)
+    finetune = "lora" if registered_methods()[name].lora_regimes else "full"
+    raw = tiny_run_config(
+        model_dir=tiny_model_dir,
+        method=method,
+        finetune={**own, "mode": finetune, "lora": {"r": 2, **own.get("lora", {})}},
+        train={"steps": 2, "batch_size": 4, "max_length": 32, "gradient_checkpointing": True},
+        eval={"n_eval": 4, "n_train": 16, "batch_size": 8, "kl_examples": 2},
+    )
+    out = Runner(validate_config(raw), tmp_path, Console(quiet=True), progress=False).run()
+    result = out.to_json()
+    assert result["status"] == "complete" and result["runtime"]["gradient_checkpointing"]
+    for stats in result["per_task"]:
+        assert all(v == v and abs(v) != float("inf") for v in stats["loss_terms"].values())
 
 
 def _same_checkpoint(a: Path, b: Path) -> None:

@@ -8,20 +8,37 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import tiny_run_config
+from conftest import tiny_run_config, write_jsonl
+from datasets import Dataset
 from rich.console import Console
 from torch import nn
 
+from forgetless.bench.sweep import plan_runs
+from forgetless.bench.variants import select_variants
 from forgetless.config.loading import validate_config
 from forgetless.contract.method import RunInfo, StepContext, TaskContext, TaskEndContext
 from forgetless.contract.plan import TrainStats
 from forgetless.core.storage import load_method_state, save_method_state
-from forgetless.methods.replay import Replay, ReplayConfig, mix_batch, reservoir_update
+from forgetless.errors import ConfigError
+from forgetless.methods.replay import (
+    PROSE_HELD_OUT,
+    Replay,
+    ReplayConfig,
+    encode_plain_text,
+    general_features,
+    mix_batch,
+    mix_sources,
+    reservoir_update,
+)
+from forgetless.models.tiny import build_char_tokenizer
 from forgetless.tasks.base import Example, Task
-from forgetless.tasks.formatting import Features
+from forgetless.tasks.formatting import Features, encode_example
+from forgetless.tasks.general import prose_paragraphs
 from forgetless.training.runner import Runner
 
 REPLAY = {"name": "replay", "buffer_size": 16, "ratio": 0.5}
+PINNED_PAST_DRAWS = [118, 100, 119, 116]
+"""What replay drew before general data existed (buffer 8, ratio 0.5, task 2, step 3)."""
 
 
 def feat(i: int) -> Features:
@@ -167,3 +184,138 @@ def test_resumed_run_replays_exactly(tiny_model_dir: Path, tmp_path: Path) -> No
     assert resumed.batches[2] == full.batches[2]
     assert resumed.buffer == full.buffer and resumed.seen == full.seen
     assert results["accuracy_matrix"] == expected["accuracy_matrix"]
+
+
+# --- general data --------------------------------------------------------------------------------
+
+
+def general_ctx(index: int, max_length: int = 24) -> TaskContext:
+    """A task context with the char tokenizer (general data is encoded on the first batch)."""
+    run = RunInfo(0, Path("."), [], [], "full", max_length=max_length)
+    task = Task(f"t{index}", [], [Example("p", "c")])
+    return TaskContext(
+        run, index, task, nn.Linear(1, 1), build_char_tokenizer(), [], [], torch.device("cpu")
+    )
+
+
+def general_records(n: int = 12) -> list[dict[str, str]]:
+    return [{"prompt": f"g{i}:", "completion": f"z{i}"} for i in range(n)]
+
+
+def encoded(records: list[dict[str, str]], max_length: int = 24) -> set[tuple[int, ...]]:
+    tokenizer = build_char_tokenizer()
+    examples = [Example(r["prompt"], r["completion"]) for r in records]
+    return {key(encode_example(tokenizer, e, max_length)) for e in examples}
+
+
+def test_mix_sources_gives_each_pool_its_ratio() -> None:
+    batch = [feat(i) for i in range(8)]
+    past, general = [feat(100 + i) for i in range(16)], [feat(200 + i) for i in range(16)]
+    for r_past, r_general, (k_past, k_general) in [
+        (0.25, 0.25, (2, 2)),
+        (0.25, 0.5, (2, 4)),
+        (0.0, 0.75, (0, 6)),
+        (0.5, 0.5, (4, 4)),
+    ]:
+        mixed = mix_sources(batch, [(past, r_past), (general, r_general)], random.Random(0))
+        assert (
+            len(mixed) == 8 and mixed[: 8 - k_past - k_general] == batch[: 8 - k_past - k_general]
+        )
+        assert sum(100 <= f["input_ids"][0] < 200 for f in mixed) == k_past
+        assert sum(f["input_ids"][0] >= 200 for f in mixed) == k_general
+    empty_past = mix_sources(batch, [([], 0.5), (general, 0.25)], random.Random(0))
+    assert sum(f["input_ids"][0] >= 200 for f in empty_past) == 2 and empty_past[:6] == batch[:6]
+    odd = mix_sources(batch[:3], [(past, 0.5), (general, 0.5)], random.Random(0))
+    assert len(odd) == 3, "rounding up twice never pushes the batch past its size"
+
+
+def test_general_jsonl_examples_enter_every_batch_at_their_ratio(tmp_path: Path) -> None:
+    records = general_records()
+    source = write_jsonl(tmp_path / "general.jsonl", records)
+    config = ReplayConfig.model_validate(
+        {"ratio": 0.25, "general": {"source": str(source), "ratio": 0.5}}
+    )
+    method, expected = Replay(config), encoded(records)
+    batch = [feat(i) for i in range(8)]
+    first = method.transform_batch(batch, StepContext(general_ctx(1), 0, 4))
+    assert first[:4] == batch[:4], "task 1: no memory yet, half the batch is general data"
+    assert all(key(f) in expected for f in first[4:])
+    end(method, 1, [feat(100 + i) for i in range(20)])
+    later = method.transform_batch(batch, StepContext(general_ctx(2), 0, 4))
+    assert later[:2] == batch[:2]
+    assert all(f["input_ids"][0] >= 100 for f in later[2:4]), "then a quarter from the memory"
+    assert all(key(f) in expected for f in later[4:])
+
+
+def test_general_data_from_dataset_folders_and_the_prose(tmp_path: Path) -> None:
+    records = general_records()
+    saved, files = tmp_path / "saved", tmp_path / "files"
+    Dataset.from_list(records).save_to_disk(str(saved))
+    files.mkdir()
+    Dataset.from_list(records).to_parquet(str(files / "part-0.parquet"))
+    tokenizer = build_char_tokenizer()
+    for folder in (saved, files):
+        got = general_features(str(folder), tokenizer, 24, limit=5)
+        assert len(got) == 5 and {key(f) for f in got} <= encoded(records)
+    prose = general_features("prose", tokenizer, 24, limit=100)
+    paragraphs = prose_paragraphs()
+    assert len(prose) == len(paragraphs) - PROSE_HELD_OUT > 0
+    first_kept = tokenizer(paragraphs[PROSE_HELD_OUT], add_special_tokens=False)["input_ids"]
+    assert prose[0] == {"input_ids": first_kept[:24], "labels": first_kept[:24]}
+    held_out = {key(f) for f in encode_plain_text(tokenizer, paragraphs[:PROSE_HELD_OUT], 24)}
+    assert not held_out & {key(f) for f in prose}, "the KL paragraphs are never replayed"
+
+
+def test_past_tasks_off_replays_general_data_only_and_past_only_is_unchanged(
+    tmp_path: Path,
+) -> None:
+    source = write_jsonl(tmp_path / "general.jsonl", general_records())
+    only = Replay(
+        ReplayConfig.model_validate(
+            {"past_tasks": False, "general": {"source": str(source), "ratio": 0.5}}
+        )
+    )
+    end(only, 1, [feat(100 + i) for i in range(20)])
+    assert only.buffer == [] and only.seen == 0, "no memory is kept"
+    batch = [feat(i) for i in range(8)]
+    out = only.transform_batch(batch, StepContext(general_ctx(2), 0, 4))
+    assert out[:4] == batch[:4] and all(key(f) in encoded(general_records()) for f in out[4:])
+    past = Replay(ReplayConfig.model_validate({"buffer_size": 8, "ratio": 0.5, "past_tasks": True}))
+    end(past, 1, [feat(100 + i) for i in range(20)])
+    drawn = past.transform_batch(batch, StepContext(general_ctx(2), 3, 4))
+    assert [f["input_ids"][0] for f in drawn] == [0, 1, 2, 3, *PINNED_PAST_DRAWS]
+    assert past.general is None
+
+
+def test_general_source_is_checked_when_the_config_is(tiny_model_dir: Path, tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere.jsonl"
+    method = {"name": "replay", "general": {"source": str(missing)}}
+    with pytest.raises(ConfigError) as caught:
+        validate_config(tiny_run_config(tiny_model_dir, method=method))
+    message = str(caught.value)
+    assert "method.general.source" in message and str(missing) in message
+    assert "\n" not in message
+    (tmp_path / "empty").mkdir()
+    method["general"] = {"source": str(tmp_path / "empty")}
+    with pytest.raises(ConfigError, match=r"method\.general\.source: .*holds no dataset"):
+        validate_config(tiny_run_config(tiny_model_dir, method=method))
+    with pytest.raises(ConfigError, match="past_tasks: false needs general"):
+        validate_config(
+            tiny_run_config(tiny_model_dir, method={"name": "replay", "past_tasks": False})
+        )
+    both = {"name": "replay", "ratio": 0.5, "general": {"source": "prose", "ratio": 0.75}}
+    with pytest.raises(ConfigError, match="exceed the whole batch"):
+        validate_config(tiny_run_config(tiny_model_dir, method=both))
+
+
+def test_replay_general_is_a_bench_baseline(tiny_model_dir: Path, tmp_path: Path) -> None:
+    (variant,) = select_variants(["replay-general"], [])
+    (planned,) = plan_runs(tiny_run_config(tiny_model_dir), [variant], 1, 1, tmp_path)
+    cfg = planned[2]
+    assert cfg.method.general is not None and cfg.method.general.source == "prose"
+    method = RecordingReplay(cfg.method)
+    Runner(cfg, tmp_path / "run", Console(quiet=True), progress=False, method=method).run()
+    prose = {key(f) for f in general_features("prose", build_char_tokenizer(), 32, limit=1000)}
+    for batches in method.batches.values():
+        for batch in batches:
+            assert sum(key(f) in prose for f in batch) == 2, "a quarter of every batch of 8"

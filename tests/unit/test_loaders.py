@@ -39,7 +39,7 @@ def test_jsonl_chat_messages(tmp_path: Path) -> None:
     ("line", "message"),
     [
         ('{"prompt": "a", "completion": ', r"bad.jsonl:2: invalid JSON"),
-        ('{"prompt": "a"}', r"bad.jsonl:2: needs string fields 'prompt' and 'completion'"),
+        ('{"prompt": "a"}', r"bad.jsonl:2: no column 'completion'; found: prompt"),
         ("[1, 2]", r"bad.jsonl:2: expected an object"),
         (
             '{"messages": [{"role": "user", "content": "x"}]}',

@@ -132,8 +132,8 @@ def test_one_default_per_rule_for_the_merge_and_the_method() -> None:
         (TiesMerge(name="ties"), TiesConfig()),
         (OPCMMerge(name="opcm"), OPCMConfig()),
     ]
-    for merge, method in pairs:
-        assert merge.model_dump() == method.model_dump()
+    for merge, method in pairs:  # the merge may add merge-only fields (mergekit's normalize)
+        assert method.model_dump().items() <= merge.model_dump().items()
 
 
 def test_kept_count_rounds_as_the_paper_or_as_mergekit() -> None:

@@ -27,11 +27,38 @@ LAUNCHER_VARIABLES = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER
 _worker_slot = 0
 
 
+def usable_cores() -> int:
+    """The cores this process may run on: its affinity mask (a container's or ``taskset``'s
+    share) where the system has one, else the machine's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def threads_per_job(jobs: int, threads: int | None) -> int:
-    """The CPU threads each run gets: ``threads``, or the machine's cores shared out evenly."""
+    """The CPU threads each run gets: ``threads``, or the usable cores shared out evenly."""
     if threads is not None:
         return threads
-    return max(1, (os.cpu_count() or 1) // jobs)
+    return max(1, usable_cores() // jobs)
+
+
+def oversubscribed(jobs: int, threads: int | None) -> str | None:
+    """One warning line when ``jobs`` runs of ``threads`` threads each need more cores than
+    this process may use (their threads then take turns: every run slower, timings noisier)."""
+    per_job, cores = threads_per_job(jobs, threads), usable_cores()
+    if jobs * per_job <= cores:
+        return None
+    fix = (
+        f"--threads {cores // jobs} (or fewer --jobs)"
+        if cores >= jobs
+        else f"--jobs {cores} --threads 1"
+    )
+    return (
+        f"warning: --jobs {jobs} × {per_job} thread(s) per run = {jobs * per_job} threads on "
+        f"{cores} usable cores: running anyway, but the runs take turns on the cores (each "
+        f"slower, timings noisier); set {fix} to fit"
+    )
 
 
 def check_jobs(jobs: int) -> None:

@@ -8,7 +8,23 @@ from typing import Any
 from forgetless.config.bench import BenchSection, ClusterSection, Variant
 from forgetless.errors import ConfigError
 
-__all__ = ["BenchSection", "ClusterSection", "Variant", "parse_variant", "select_variants"]
+__all__ = [
+    "BUILTIN_VARIANTS",
+    "BenchSection",
+    "ClusterSection",
+    "Variant",
+    "parse_variant",
+    "select_variants",
+]
+
+BUILTIN_VARIANTS = (
+    Variant(
+        name="replay-general",
+        method={"name": "replay", "general": {"source": "prose", "ratio": 0.25}},
+    ),
+)
+"""Baselines that are a method with options, named like a method (``--methods replay-general``);
+a config's variant of the same name wins."""
 
 
 def parse_variant(spec: str) -> Variant:
@@ -27,8 +43,9 @@ def parse_variant(spec: str) -> Variant:
 
 
 def select_variants(specs: list[str], named: list[Variant]) -> list[Variant]:
-    """The variants ``specs`` ask for: a config variant by its name, else a method spec."""
-    by_name = {v.name: v for v in named}
+    """The variants ``specs`` ask for: a config variant by its name, a built-in one by its name,
+    else a method spec."""
+    by_name = {v.name: v for v in [*BUILTIN_VARIANTS, *named]}
     return [by_name.get(spec.strip()) or parse_variant(spec) for spec in specs]
 
 

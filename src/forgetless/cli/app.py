@@ -5,23 +5,28 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from forgetless.cli.check import check as check_command
 from forgetless.cli.diagnose import app as diagnose_app
 from forgetless.cli.merge import merge as merge_command
 from forgetless.cli.options import PresetOpt, SetOpt
 from forgetless.cli.sae import app as sae_app
 from forgetless.errors import ForgetlessError
 
+if TYPE_CHECKING:
+    from forgetless.config.loading import RawConfig
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 app.add_typer(sae_app, name="sae")
 app.add_typer(diagnose_app, name="diagnose")
 app.command(name="merge")(merge_command)
+app.command(name="check")(check_command)
 console = Console()
 err_console = Console(stderr=True)
 
@@ -37,20 +42,35 @@ def run(
         bool, typer.Option(help="Resume even if the config changed.")
     ] = False,
     quiet: Annotated[bool, typer.Option(help="No progress bars.")] = False,
-    preset: PresetOpt = "tiny",
+    preset: PresetOpt = None,
 ) -> None:
     """Train the task sequence, evaluating after each task; re-run to resume."""
+    import os
+
     from forgetless.config.bounds import size_warnings
-    from forgetless.config.loading import load_config
+    from forgetless.config.loading import config_source, load_raw_config
+    from forgetless.engine.progress import line_interval
+
+    cfg, raw = load_raw_config(config, set_, preset)
+    line_interval()  # a bad $FORGETLESS_PROGRESS_EVERY fails before anything loads
+    out_dir = out or Path("runs") / (config.stem if config else preset or "tiny")
+    if not quiet and os.environ.get("RANK", "0") == "0":  # said before torch loads (seconds)
+        layer = f" on preset {raw.preset}" if config and raw.preset else ""
+        console.print(
+            f"run: {config_source(config, preset)}{layer} → {out_dir}, method {cfg.method.name}, "
+            f"{len(cfg.tasks)} tasks; loading",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
+
     from forgetless.core.distributed import is_main_process
     from forgetless.core.ownership import check_output_folder
     from forgetless.report.table import accuracy_table, metrics_table
     from forgetless.training.runner import Runner
 
-    cfg = load_config(config, set_, preset)
-    out_dir = out or Path("runs") / (config.stem if config else preset)
     check_output_folder(out_dir, "run", [config] if config else [])
-    for line in size_warnings(cfg, str(config) if config else f"preset {preset}"):
+    for line in size_warnings(cfg, config_source(config, preset)):
         console.print(line, markup=False, highlight=False, soft_wrap=True)
 
     results = Runner(
@@ -70,7 +90,7 @@ def validate(
         Path | None, typer.Argument(help="YAML config to check; omit to check the preset.")
     ] = None,
     set_: SetOpt = None,
-    preset: PresetOpt = "tiny",
+    preset: PresetOpt = None,
     fsdp: Annotated[
         bool,
         typer.Option(
@@ -81,30 +101,92 @@ def validate(
         bool,
         typer.Option("--zero", help="Also check that the run can go through DeepSpeed ZeRO-1/2."),
     ] = False,
+    memory: Annotated[
+        bool,
+        typer.Option(
+            "--memory",
+            help="Also print each method's predicted peak memory per device, from the model's "
+            "config.json alone (no weights loaded).",
+        ),
+    ] = False,
+    methods: Annotated[
+        Optional[str],  # noqa: UP045 (typer reads the annotation)
+        typer.Option("--methods", help="With --memory: comma-separated methods to plan."),
+    ] = None,
 ) -> None:
     """Check a config (and its bench variants) without running anything (exit 2 on error)."""
     from forgetless.bench.sweep import plan_runs
     from forgetless.config.bounds import size_warnings
-    from forgetless.config.loading import load_config_data
+    from forgetless.config.loading import config_source, load_raw_config
 
-    source = str(config) if config else f"preset {preset}"
-    cfg, data = load_config_data(config, set_, preset)
+    source = config_source(config, preset)
+    cfg, raw = load_raw_config(config, set_, preset)
     _check_builtin_names(cfg, source)
-    planned = plan_runs(data, cfg.bench.variants if cfg.bench else [], 1, 1, Path("."))
+    planned = plan_runs(raw.data, cfg.bench.variants if cfg.bench else [], 1, 1, Path("."))
     checks = ([_check_shardable] if fsdp else []) + ([_check_zero] if zero else [])
     for check in checks:
         check(cfg, source)
         for variant, _, run_cfg in planned:
             check(run_cfg, f"{source}, variant {variant.name}")
-    for line in size_warnings(cfg, source):
+    for line in size_warnings(cfg, source) + _preset_lines(config, raw):
         console.print(line, markup=False, highlight=False, soft_wrap=True)
     shown = [t.display_name for t in cfg.tasks]
     names = ", ".join(shown[:20]) + (f", … ({len(shown)} tasks)" if len(shown) > 20 else "")
     extra = f"; {len(planned)} bench variants ok" if planned else ""
     console.print(
         f"ok: {source} — method {cfg.method.name}, {cfg.finetune.mode} fine-tuning, "
-        f"tasks: {names}{extra}"
+        f"tasks: {names}{extra}",
+        soft_wrap=True,
     )
+    if memory:
+        _print_memory_plan(cfg, methods)
+
+
+def _print_memory_plan(cfg: Any, methods: str | None) -> None:
+    """The predicted peak per device of each method, without and with checkpointing."""
+    from forgetless.models.memory_plan import plans, unit_for
+
+    shape, rows = plans(cfg, methods)
+    unit, scale = unit_for(rows)
+    table = Table(title=f"predicted peak per device, {unit} ({shape.params:,} parameters)")
+    for head in ("method", "ckpt", "weights", "grads", "AdamW", "own", "activ.", "peak"):
+        table.add_column(head, justify="left" if head in ("method", "ckpt") else "right")
+    for plain, checkpointed in rows:
+        for plan, ckpt in ((plain, "off"), (checkpointed, "on")):
+            parts = (plan.weights, plan.gradients, plan.optimizer, plan.method_state)
+            cells = [f"{v / scale:.2f}" for v in (*parts, plan.activations, plan.peak)]
+            table.add_row(plan.method, ckpt, *cells)
+    console.print(table)
+    console.print(
+        "own: the method's state (reference copies, Fisher, buffers); activ.: one micro-batch "
+        "at train.batch_size x max_length; ckpt: gradient checkpointing",
+        soft_wrap=True,
+    )
+    for plain, _ in rows:
+        for note in plain.notes:
+            console.print(f"{plain.method}: {note}", markup=False, soft_wrap=True)
+
+
+def _preset_lines(config: Path | None, raw: RawConfig) -> list[str]:
+    """What a preset under the config set: one line per key the file left to it."""
+    if config is None or raw.preset is None:
+        return []
+    if not raw.supplied:
+        return [f"preset {raw.preset}: every key it sets is set by {config} too"]
+    lines = [f"preset {raw.preset} set {len(raw.supplied)} keys that {config} leaves out:"]
+    return lines + [f"  {key}: {_shown(_value_at(raw.data, key))}" for key in raw.supplied]
+
+
+def _value_at(data: dict[str, Any], dotted: str) -> Any:
+    for part in dotted.split("."):
+        data = data[part]
+    return data
+
+
+def _shown(value: Any) -> str:
+    import json
+
+    return value if isinstance(value, str) else json.dumps(value)
 
 
 def _check_shardable(cfg: Any, source: str) -> None:
@@ -133,16 +215,13 @@ def _check_builtin_names(cfg: Any, source: str) -> None:
     """Unknown built-in task names, found offline (``run`` finds them when it builds the tasks)."""
     from forgetless.config.schema import TaskConfig
     from forgetless.errors import ConfigError
-    from forgetless.tasks.builtin import known_task_names
+    from forgetless.tasks.builtin import known_task_names, unknown_task
 
     places = [("tasks", i, t) for i, t in enumerate(cfg.tasks)]
     places += [("probes", i, p) for i, p in enumerate(cfg.probes) if isinstance(p, TaskConfig)]
     for section, index, task in places:
         if task.builtin is not None and task.builtin not in known_task_names():
-            raise ConfigError(
-                f"{source}: {section}.{index}: unknown built-in task {task.builtin!r}; "
-                f"known: {', '.join(known_task_names())}"
-            )
+            raise ConfigError(f"{source}: {section}.{index}: {unknown_task(task.builtin)}")
 
 
 @app.command()
@@ -223,7 +302,7 @@ def pretrain(
     set_: SetOpt = None,
     out: Annotated[Optional[Path], typer.Option(help="Folder (default: the cache).")] = None,  # noqa: UP045
     quiet: Annotated[bool, typer.Option(help="No progress bars.")] = False,
-    preset: PresetOpt = "tiny",
+    preset: PresetOpt = None,
 ) -> None:
     """Build and pretrain the tiny base model on the base capabilities, under a seed."""
     from forgetless.config.loading import load_config
@@ -265,7 +344,7 @@ def bench(
     out: Annotated[Optional[Path], typer.Option(help="Output folder (default runs/bench).")] = None,  # noqa: UP045
     set_: SetOpt = None,
     quiet: Annotated[bool, typer.Option(help="No progress bars.")] = False,
-    preset: PresetOpt = "tiny",
+    preset: PresetOpt = None,
     campaign: Annotated[
         Optional[Path],  # noqa: UP045
         typer.Option(
@@ -289,6 +368,7 @@ def bench(
     ] = None,
 ) -> None:
     """Run methods side by side on one sequence, seeds and budget; write bench.json + report."""
+    from forgetless.bench.jobs import oversubscribed
     from forgetless.bench.sweep import run_bench
     from forgetless.bench.variants import BenchSection, parse_variant, select_variants
     from forgetless.config.loading import load_config_data
@@ -309,6 +389,9 @@ def bench(
         defaults = [m for m in DEMO_BENCH_METHODS if m in known]
         variants = section.variants or [parse_variant(m) for m in defaults]
     out_dir = out or Path("runs") / "bench"
+    warning = None if cluster is not None else oversubscribed(jobs, threads)
+    if warning:
+        err_console.print(warning, markup=False, highlight=False, soft_wrap=True)
     result = run_bench(
         data,
         variants,

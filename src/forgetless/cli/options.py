@@ -7,7 +7,10 @@ from typing import Annotated, Optional
 import typer
 
 PresetOpt = Annotated[
-    str,
-    typer.Option(help="Built-in preset when no CONFIG: tiny or smollm2 (the real-model track)."),
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        help="Built-in preset: tiny or smollm2 (the real-model track); the whole config when "
+        "no CONFIG is given (default tiny), else the layer under CONFIG's own keys."
+    ),
 ]
 SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="Override: key.path=value")]  # noqa: UP045

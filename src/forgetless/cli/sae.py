@@ -49,7 +49,7 @@ def _base_model(cfg: RunConfig, quiet: bool) -> tuple[Any, Any, torch.device, st
     return model, tokenizer, device, source
 
 
-def _load_config(config: Path | None, set_: list[str] | None, preset: str) -> RunConfig:
+def _load_config(config: Path | None, set_: list[str] | None, preset: str | None) -> RunConfig:
     """The run config (a bench config's ``bench:`` section is typed and ignored here)."""
     from forgetless.config.loading import load_config
 
@@ -100,7 +100,7 @@ def _settings(cfg: RunConfig, overrides: dict[str, Any]) -> SAETrainConfig:
 def train(
     config: ConfigArg = None,
     set_: SetOpt = None,
-    preset: PresetOpt = "tiny",
+    preset: PresetOpt = None,
     out: Annotated[
         Optional[Path],  # noqa: UP045
         typer.Option(help="Folder (default: the cache sae_fd reads for this base and settings)."),
@@ -154,7 +154,7 @@ def train(
     }
     settings = _settings(cfg, overrides)
     model, tokenizer, device, source = _base_model(cfg, quiet)
-    max_length = cfg.train.max_length
+    max_length = cfg.train.resolved_max_length
     folder = out or shared_sae_dir(model_fingerprint(model, tokenizer), settings, max_length)
     with (
         Progress(console, enabled=not quiet) as bars,
@@ -178,7 +178,7 @@ def evaluate(
     sae_dir: Annotated[Path, typer.Argument(help="Folder with sae.safetensors + sae_config.json.")],
     config: ConfigArg = None,
     set_: SetOpt = None,
-    preset: PresetOpt = "tiny",
+    preset: PresetOpt = None,
     tasks: Annotated[
         Optional[str],  # noqa: UP045
         typer.Option(
@@ -214,7 +214,7 @@ def evaluate(
             if not hasattr(t, "lm_eval")  # lm-eval probes have no examples of their own
         ]
     examples = sae_examples(sources, n_per_task, seed, split)
-    features = example_features(examples, tokenizer, cfg.train.max_length)
+    features = example_features(examples, tokenizer, cfg.train.resolved_max_length)
     skip_first = bool(read_sae_record(sae_dir).get("train", {}).get("skip_first", False))
     acts = collect_mlp_outputs(
         model, features, tokenizer.pad_token_id, device, skip_first=skip_first

@@ -129,7 +129,8 @@ def _encoding_need(cfg: RunConfig, needs: dict[str, Need]) -> None:
     largest = sorted(sizes, reverse=True)[:2]
     if not largest:
         return
-    held = sum(n for n, _ in largest) * feature_bytes(cfg.train.max_length)
+    # unset, max_length is the longest example: at most BUILTIN_TOKENS for built-in tasks
+    held = sum(n for n, _ in largest) * feature_bytes(cfg.train.max_length or BUILTIN_TOKENS)
     place = largest[0][1]
     needs[place] = Need(place, needs[place].what, needs[place].bytes + held)
 

@@ -157,11 +157,12 @@ class LmEvalSettings(_Strict):
     )
     apply_chat_template: bool = Field(False, description="Render prompts with the chat template.")
     batch_size: int | None = Field(None, ge=1, description="Default: eval.batch_size.")
-    chance: float = Field(
-        0.0,
+    chance: float | None = Field(
+        None,
         ge=0,
         lt=1,
-        description="Chance level of the metric (0.25 for 4 choices), the floor of retention.",
+        description="Chance level of the metric, the floor of retention; null: 1/choices "
+        "(averaged over documents) for a multiple-choice task, 0 for a generation task.",
     )
 
     @field_validator("tasks")

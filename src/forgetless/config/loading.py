@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -109,36 +110,76 @@ def validate_config(data: dict[str, Any], source: str = "config") -> RunConfig:
     return config
 
 
-def config_data(path: Path | None, preset: str = "tiny") -> dict[str, Any]:
-    """The raw config: a YAML file, or a built-in preset when no file is given."""
-    from forgetless.config.presets import PRESETS
+PRESET_KEY = "preset"
+"""A config file's key naming the preset its own keys sit on."""
 
-    if path is not None:
-        return read_yaml(path)
-    if preset not in PRESETS:
-        raise ConfigError(f"unknown preset {preset!r}; known: {', '.join(PRESETS)}")
-    return PRESETS[preset]()
+
+@dataclass
+class RawConfig:
+    """A config's data before validation, and what a preset put in it."""
+
+    data: dict[str, Any]
+    preset: str | None = None
+    """The preset under the file (or the whole config when no file is given)."""
+    supplied: list[str] = field(default_factory=list)
+    """Dotted keys the preset set that neither the file nor an override did."""
+
+    def override(self, assignments: list[str]) -> None:
+        for assignment in assignments:
+            apply_override(self.data, assignment)
+            key = assignment.partition("=")[0]
+            self.supplied = [k for k in self.supplied if k != key and not k.startswith(key + ".")]
+
+
+def raw_config(path: Path | None, preset: str | None = None) -> RawConfig:
+    """The raw config: a YAML file (on the preset its ``preset:`` key or ``preset`` names,
+    ``preset`` winning), or the preset alone (``tiny`` by default) when no file is given."""
+    from forgetless.config.presets import layered, preset_config, supplied_keys
+
+    if path is None:
+        name = preset or "tiny"
+        return RawConfig(preset_config(name, "--preset"), name)
+    own = copy.deepcopy(read_yaml(path))
+    named = own.pop(PRESET_KEY, None)
+    name = preset or named
+    if name is None:
+        return RawConfig(own)
+    where = "--preset" if preset else f"{path}: {PRESET_KEY}"
+    base = preset_config(name, where)
+    return RawConfig(layered(base, own), name, supplied_keys(base, own))
+
+
+def config_source(path: Path | None, preset: str | None) -> str:
+    """How a config is named in messages: its file, or the preset it is."""
+    return str(path) if path is not None else f"preset {preset or 'tiny'}"
+
+
+def load_raw_config(
+    path: Path | None, overrides: list[str] | None = None, preset: str | None = None
+) -> tuple[RunConfig, RawConfig]:
+    """The config validated whole (its ``bench:`` section typed), and its raw data without
+    that section (what a bench's variants start from), with what a preset supplied."""
+    raw = raw_config(path, preset)
+    raw.override(overrides or [])
+    config = validate_config(raw.data, config_source(path, preset))
+    raw.data.pop("bench", None)
+    return config, raw
 
 
 def load_config_data(
-    path: Path | None, overrides: list[str] | None = None, preset: str = "tiny"
+    path: Path | None, overrides: list[str] | None = None, preset: str | None = None
 ) -> tuple[RunConfig, dict[str, Any]]:
-    """The one loader of run and bench files: a YAML config (or a built-in preset when ``path``
-    is None) with overrides, validated whole (its ``bench:`` section typed), and its raw data
-    without that section (what a bench's variants start from)."""
-    data = copy.deepcopy(config_data(path, preset))
-    for assignment in overrides or []:
-        apply_override(data, assignment)
-    config = validate_config(data, str(path) if path else f"preset {preset}")
-    data.pop("bench", None)
-    return config, data
+    """The one loader of run and bench files: a YAML config (on a preset, see ``raw_config``)
+    with overrides, validated whole, and its raw data without the ``bench:`` section."""
+    config, raw = load_raw_config(path, overrides, preset)
+    return config, raw.data
 
 
 def load_config(
-    path: Path | None, overrides: list[str] | None = None, preset: str = "tiny"
+    path: Path | None, overrides: list[str] | None = None, preset: str | None = None
 ) -> RunConfig:
     """Load a YAML config (or a built-in preset when ``path`` is None) and apply overrides."""
-    return load_config_data(path, overrides, preset)[0]
+    return load_raw_config(path, overrides, preset)[0]
 
 
 def load_typed(path: Path, model: type[T]) -> T:

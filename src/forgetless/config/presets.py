@@ -1,9 +1,15 @@
-"""Built-in presets: the tiny demo from the shipped tiny base, and the real-model track."""
+"""Built-in presets: the tiny demo from the shipped tiny base, and the real-model track.
+
+A preset is either the whole config (no file given) or the layer under a user's file (its
+``preset:`` key, or ``--preset``): the file's own keys win, mappings merged key by key."""
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable
 from typing import Any
+
+from forgetless.errors import ConfigError
 
 DEMO_SEQUENCE = ["reverse", "cipher", "bracket"]
 DEMO_PROBES = ["copy", "upper", "facts", "add"]
@@ -86,3 +92,42 @@ PRESETS: dict[str, Callable[[], dict[str, Any]]] = {
     "tiny": demo_config_dict,
     "smollm2": smollm2_config_dict,
 }
+
+
+def preset_config(name: object, where: str = "") -> dict[str, Any]:
+    """The preset's config data; an unknown name is one line with the known ones and the
+    closest match (``where`` names the place, e.g. ``run.yaml: preset``)."""
+    if not isinstance(name, str) or name not in PRESETS:
+        close = difflib.get_close_matches(str(name), PRESETS, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        place = f"{where}: " if where else ""
+        raise ConfigError(f"{place}unknown preset {name!r}; known: {', '.join(PRESETS)}{hint}")
+    return PRESETS[name]()
+
+
+def layered(under: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``over`` on top of ``under``: mappings merge key by key, anything else (a list, a
+    value, null) in ``over`` replaces what is under it."""
+    out = dict(under)
+    for key, value in over.items():
+        below = out.get(key)
+        if isinstance(below, dict) and isinstance(value, dict):
+            value = layered(below, value)
+        out[key] = value
+    return out
+
+
+def supplied_keys(preset: dict[str, Any], own: dict[str, Any], prefix: str = "") -> list[str]:
+    """The dotted keys the preset sets that ``own`` leaves unset (a list counts as one key)."""
+    keys = []
+    for key, value in preset.items():
+        path = f"{prefix}{key}"
+        if key not in own:
+            keys += supplied_keys(value, {}, f"{path}.") if _nonempty_map(value) else [path]
+        elif _nonempty_map(value) and isinstance(own[key], dict):
+            keys += supplied_keys(value, own[key], f"{path}.")
+    return keys
+
+
+def _nonempty_map(value: Any) -> bool:
+    return isinstance(value, dict) and bool(value)

@@ -24,6 +24,7 @@ from forgetless.config.evaluation import (
     is_lm_eval_probe,
     scorer_shorthand,
 )
+from forgetless.config.quantization import QuantizationConfig, quantized_rule_broken
 from forgetless.core import registry
 from forgetless.strict import MethodConfig, StrictModel
 
@@ -87,7 +88,17 @@ class ModelConfig(Strict):
         "float32", description="Weights dtype."
     )
     trust_remote_code: bool = Field(False, description="Run code shipped with the model (risky).")
-    attn_implementation: str | None = Field(None, description="e.g. 'eager' or 'sdpa'.")
+    attn_implementation: str | None = Field(
+        "sdpa",
+        description="Attention kernel: sdpa (PyTorch's fused scaled-dot-product attention; a "
+        "model without it falls back to eager, said at start), eager, flash_attention_2, ...; "
+        "null: transformers' own choice.",
+    )
+    quantization: QuantizationConfig | None = Field(
+        None,
+        description="Load the base in 4 bits under LoRA (QLoRA; needs the qlora extra): "
+        "{bits: 4}. Null: weights in model.dtype.",
+    )
     tiny: TinyModelConfig = Field(default_factory=TinyModelConfig)  # type: ignore[arg-type]
     pretrain: PretrainConfig = Field(default_factory=PretrainConfig)  # type: ignore[arg-type]
 
@@ -125,6 +136,13 @@ class FinetuneConfig(Strict):
     lora: LoraConfig = Field(default_factory=LoraConfig)  # type: ignore[arg-type]
 
 
+SHORT_MAX_LENGTH = 64
+"""The least an unset ``train.max_length`` becomes (the model's positions allowing), and what a
+tool outside a run takes for it: the default before it was chosen from the data, so short data
+trains as it always did (a longer limit than the data needs costs nothing: batches are padded to
+their own longest example)."""
+
+
 class TrainConfig(Strict):
     """Per-task training budget; a task's ``train`` block overrides any of these."""
 
@@ -139,17 +157,27 @@ class TrainConfig(Strict):
         "constant", description="LR schedule."
     )
     max_grad_norm: float | None = Field(1.0, gt=0, description="Gradient clipping; null disables.")
-    max_length: int = Field(
-        64,
+    max_length: int | None = Field(
+        None,
         ge=8,
         description="Longest training example in tokens: a longer one keeps its first max_length "
         "tokens (the completion's end is cut, counted and warned about); one whose prompt alone "
-        "fills it is an error.",
+        "fills it is an error. More than the model's positions is refused. Null: the longest "
+        "example of the run's tasks and probes, at least 64 and at most the model's positions "
+        "(printed at start).",
     )
-    autocast: Literal["off", "bf16"] = Field(
+    autocast: Literal["off", "bf16", "fp16"] = Field(
         "off",
-        description="bf16: training's forward passes under bfloat16 autocast (weights and "
-        "optimizer state stay float32); evaluation stays float32.",
+        description="bf16 or fp16: training's forward passes under bfloat16 or float16 autocast "
+        "(weights and optimizer state stay float32; fp16 scales the loss with a gradient scaler "
+        "and skips the steps whose gradients overflow, counted in results.json); evaluation "
+        "stays float32.",
+    )
+    gradient_checkpointing: bool = Field(
+        False,
+        description="Recompute each decoder layer's activations in the backward pass instead of "
+        "keeping them (transformers' gradient checkpointing, non-reentrant): less memory for "
+        "about a third more compute per step; the gradients are the same.",
     )
     optimizer_restarts: int = Field(
         0,
@@ -170,6 +198,19 @@ class TrainConfig(Strict):
         "method state) every N optimizer steps and when a task's training ends, so a re-run "
         "resumes inside the task; null: resume only after finished tasks.",
     )
+    padding_free: bool = Field(
+        False,
+        description="Pack each micro-batch's examples into one row, positions restarting at 0 "
+        "per example, so no pad token is computed; the loss is the padded batch's. A method "
+        "that reads the batch's rows is refused; an attention that does not keep packed "
+        "sequences apart batches examples of similar length instead.",
+    )
+
+    @property
+    def resolved_max_length(self) -> int:
+        """``max_length``; unset, the former default (a tool outside a run, which has no data
+        to measure: a run sets ``max_length`` from its data first)."""
+        return self.max_length if self.max_length is not None else SHORT_MAX_LENGTH
 
 
 class TrainOverrides(Strict):
@@ -179,10 +220,39 @@ class TrainOverrides(Strict):
     lr: float | None = Field(None, gt=0)
 
 
+DEFAULT_EVAL_FRACTION = 0.1
+"""A task's evaluation share of its one file (or split) when it names no other; a probe's file
+is its evaluation set, whole, unless a split is asked for."""
+
+
+class Columns(Strict):
+    """Which key of a JSONL record holds each field (e.g. ``{prompt: question}``)."""
+
+    prompt: str = Field("prompt", description="The prompt's key.")
+    completion: str = Field("completion", description="The answer's key.")
+    messages: str = Field("messages", description="Chat turns' key (a list of {role, content}).")
+    choices: str = Field("choices", description="Multiple-choice options' key (a list of str).")
+    label: str = Field("label", description="The right choice's index key.")
+
+
 class JsonlSource(Strict):
     train: Path = Field(description="JSONL with prompt/completion or messages per line.")
-    eval: Path | None = Field(None, description="Eval JSONL; default: split off the train file.")
-    eval_fraction: float = Field(0.1, gt=0, lt=1, description="Eval share when eval is not given.")
+    eval: Path | None = Field(
+        None,
+        description="Eval JSONL; default: a task splits eval_fraction off the train file, a "
+        "probe is evaluated on the whole file.",
+    )
+    eval_fraction: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description="Eval share split off the train file when eval is not given; null: 0.1 for "
+        "a task, none for a probe (the whole file is evaluated).",
+    )
+    columns: Columns = Field(
+        default_factory=Columns,  # type: ignore[arg-type]
+        description="Keys of the records' fields, e.g. {prompt: question, completion: answer}.",
+    )
 
 
 class HFSource(Strict):
@@ -190,8 +260,18 @@ class HFSource(Strict):
     name: str | None = Field(None, description="Dataset configuration name.")
     data_files: str | list[str] | dict[str, str] | None = Field(None, description="Local files.")
     train_split: str = Field("train")
-    eval_split: str | None = Field(None, description="Default: split off the train split.")
-    eval_fraction: float = Field(0.1, gt=0, lt=1)
+    eval_split: str | None = Field(
+        None,
+        description="Default: a task splits eval_fraction off the train split, a probe is "
+        "evaluated on the whole train split.",
+    )
+    eval_fraction: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description="Eval share split off the train split when eval_split is not given; null: "
+        "0.1 for a task, none for a probe.",
+    )
     prompt_column: str = Field("prompt")
     completion_column: str = Field("completion")
     messages_column: str | None = Field(None, description="Use chat messages instead of columns.")
@@ -212,7 +292,12 @@ class TaskConfig(Strict):
     hf: HFSource | None = None
     n_train: int | None = Field(None, ge=1, description="Cap on training examples.")
     n_eval: int | None = Field(None, ge=1, description="Cap on eval examples.")
-    max_new_tokens: int | None = Field(None, ge=1, description="Generation budget for scoring.")
+    max_new_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="Generation budget for scoring, in tokens; null: the built-in task's own, or "
+        "64 for JSONL and Hugging Face tasks.",
+    )
     scorer: ScorerConfig | None = Field(
         None,
         description="How the task is scored: exact_match (default), contains, startswith, regex, "
@@ -324,10 +409,12 @@ def method_config(value: Any) -> MethodConfig:
         raise ValueError("needs a name: a method name or {name: ..., options}")
     cls = registry.lookup(name)
     if cls is None:
-        known = ", ".join(sorted(registry.known_names()))
-        raise ValueError(f"unknown method {name!r}; known: {known}")
+        raise ValueError(registry.unknown_method(name))
     config: MethodConfig = cls.config_cls.model_validate(value)
     return config
+
+
+DEVICE = re.compile(r"auto|cpu|cuda|cuda:\d+|mps")
 
 
 class RunConfig(Strict):
@@ -335,6 +422,11 @@ class RunConfig(Strict):
 
     seed: int = Field(
         0, ge=0, lt=2**32, description="Seed for data order, initialisation and sampling."
+    )
+    device: str = Field(
+        "auto",
+        description="Where the model runs: auto (a GPU when there is one, as accelerate places "
+        "each process), cpu, cuda, cuda:N or mps; one that is not available is refused at start.",
     )
     model: ModelConfig = Field(default_factory=ModelConfig)  # type: ignore[arg-type]
     finetune: FinetuneConfig = Field(default_factory=FinetuneConfig)  # type: ignore[arg-type]
@@ -365,6 +457,13 @@ class RunConfig(Strict):
         "a run ignores it, and it is not part of a run's resolved config.",
     )
 
+    @field_validator("device")
+    @classmethod
+    def _device_named(cls, value: str) -> str:
+        if not DEVICE.fullmatch(value):
+            raise ValueError(f"device must be auto, cpu, cuda, cuda:N or mps, not {value!r}")
+        return value
+
     @field_validator("method", mode="before")
     @classmethod
     def _resolve_method(cls, value: Any) -> MethodConfig:
@@ -374,6 +473,10 @@ class RunConfig(Strict):
     def _method_fits_finetune(self) -> RunConfig:
         method = registry.lookup(self.method.name)
         broken = registry.lora_rule_broken(method, self.finetune.mode, self.finetune.lora.regime)
+        if not broken and self.model.quantization is not None:
+            broken = quantized_rule_broken(method, self.finetune.mode, self.finetune.lora.regime)
+        if not broken and self.train.padding_free:
+            broken = registry.padding_rule_broken(method)
         if broken:
             raise ValueError(broken)
         return self
@@ -393,6 +496,18 @@ class RunConfig(Strict):
             raise ValueError("budget: needs probes to measure what is kept")
         if self.train.checkpoint_every is not None:
             raise ValueError("budget: train.checkpoint_every is not supported under a budget yet")
+        return self
+
+    @model_validator(mode="after")
+    def _fits_tiny_positions(self) -> RunConfig:
+        """The built-in tiny base's positions are known before it is built (another model's are
+        checked when it is loaded)."""
+        positions, wanted = self.model.tiny.max_position, self.train.max_length
+        if self.model.name_or_path is None and wanted is not None and wanted > positions:
+            raise ValueError(
+                f"train.max_length={wanted} is more than the built-in tiny model's {positions} "
+                "positions (model.tiny.max_position); lower it or leave it unset"
+            )
         return self
 
     @model_validator(mode="after")

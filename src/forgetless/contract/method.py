@@ -1,35 +1,38 @@
-"""The method interface: capabilities, hook contexts, the declaration and the registry.
+"""The method interface: capabilities, the declaration and the registry.
 
 A forgetting-control method is one class in one file, declared once (``@declare_method``: its
 name, config class, capabilities and paper). It overrides exactly the hooks its capabilities
 name; the runner calls nothing else. Registration checks that declaration and overrides agree,
-so a hook cannot be silently ignored.
+so a hook cannot be silently ignored. What the hooks are handed is in ``contract.hooks``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar
 
 import torch
 from torch import nn
 
-from forgetless.contract.plan import TrainPlan, TrainStats
+from forgetless.contract.hooks import (
+    Batch,
+    ReduceOp,
+    Stage,
+    StepContext,
+    TaskContext,
+    TaskEndContext,
+)
+from forgetless.contract.hooks import RunInfo as RunInfo  # importable here, as it used to be
+from forgetless.contract.plan import TrainStats
 from forgetless.core import registry
+from forgetless.core.modules import trainable_parameters as trainable_parameters  # as it was
 from forgetless.core.storage import MethodState
 from forgetless.strict import MethodConfig
 
 if TYPE_CHECKING:
-    from forgetless.eval.generation import EvalResult
-    from forgetless.tasks.base import Task
     from forgetless.tasks.formatting import Features
-
-Batch = dict[str, torch.Tensor]
-LossFn = Callable[[Batch, Any, "StepContext"], torch.Tensor]
-ReduceOp = Literal["sum", "mean", "max"]
 
 
 class Capability(str, Enum):
@@ -59,79 +62,6 @@ HOOKS: dict[Capability, tuple[str, ...]] = {
     Capability.TASK_END: ("on_task_end",),
     Capability.STATE: ("state_dict", "load_state_dict"),
 }
-
-
-@dataclass
-class RunInfo:
-    """What a method may know about the whole run."""
-
-    seed: int
-    out_dir: Path
-    task_names: list[str]
-    probe_names: list[str]
-    finetune_mode: str
-    max_length: int = 64
-    lora_regime: str | None = None
-    load_base: Callable[[], nn.Module] | None = None
-    """Loads a fresh copy of the base model (before any task): for frozen references."""
-
-
-@dataclass
-class TaskContext:
-    """The task being trained, with its tokenized training data (1-based ``task_index``).
-
-    ``sequence`` is the whole task sequence (joint training needs the tasks still to come).
-    """
-
-    run: RunInfo
-    task_index: int
-    task: Task
-    model: nn.Module
-    tokenizer: Any
-    train_features: list[Features]
-    past_tasks: list[Task]
-    device: torch.device
-    sequence: list[Task] = field(default_factory=list)
-
-
-@dataclass
-class StepContext:
-    """One optimizer step of the shared loop."""
-
-    task: TaskContext
-    step: int
-    total_steps: int
-    global_batch_size: int = 0
-    """Examples in the step's micro-batch over all processes (after any batch transform)."""
-    batch_share: float = 1.0
-    """This process's share of the micro-batch's labelled tokens (1.0 with one process): a
-    token-mean value ``v`` of this process is worth ``batch_share * v`` of the global one."""
-    autocast: bool = False
-    """The step's forward pass runs under bfloat16 autocast (``TrainPlan.autocast``)."""
-
-
-@dataclass
-class TaskEndContext:
-    """End-of-task view: the task context plus every evaluation just made on the trained model."""
-
-    task: TaskContext
-    eval_results: dict[str, EvalResult]
-    stats: TrainStats
-
-
-@dataclass
-class Stage:
-    """Handed to a ``TRAIN_STAGE`` method: it trains the task itself, through the shared loop.
-
-    ``sft`` runs the runner's step loop (with the method's other hooks) on ``features`` (default:
-    the task's data) with an optional loss that replaces cross-entropy; a stage may call it many
-    times (outer/inner loops) or hand the model to another trainer.
-    """
-
-    ctx: TaskContext
-    sft: Callable[..., TrainStats]
-    out_dir: Path
-    plan: TrainPlan
 
 
 @dataclass(frozen=True)
@@ -190,6 +120,9 @@ class Method(Generic[ConfigT]):
     """True when the method's loss terms never read ``outputs.logits``' values, so the loop may
     compute logits only over the completion window (methods without ``LOSS_TERMS`` or
     ``REPLACE_LOSS`` get the window anyway, since they never see the outputs)."""
+    padding_free_ok: ClassVar[bool | None] = None
+    """Whether the method trains correctly on padding-free batches (``train.padding_free``);
+    None: decided from its capabilities by :func:`padding_rule_broken`, at validate."""
     unsharded: ClassVar[str | None] = (
         "keeps state or touches weights in ways not yet made to work on FSDP2's sharded parameters"
     )
@@ -212,6 +145,11 @@ class Method(Generic[ConfigT]):
     """When set, why the method needs one adapter for the whole sequence under LoRA (regime
     ``carry``): it keeps per-weight state by name. Checked with ``lora_regimes`` by
     :func:`lora_rule_broken`, at validate."""
+    full_only: ClassVar[str | None] = None
+    unquantized: ClassVar[str | None] = None
+    """When set, why the method cannot run on a 4-bit base (``model.quantization``: it needs the
+    base's full weights or a second full copy); checked by ``quantized_rule_broken``."""
+    """When set, why the method refuses LoRA (it needs ``finetune.mode full``); checked too."""
 
     def __init__(self, config: ConfigT) -> None:
         self.config: ConfigT = config
@@ -335,16 +273,10 @@ def registered_methods() -> dict[str, type[Method]]:
 def method_class(name: str) -> type[Method]:
     cls = registry.lookup(name)
     if cls is None:
-        known = ", ".join(registry.known_names())
-        raise KeyError(f"unknown method {name!r}; known: {known}")
+        raise KeyError(registry.unknown_method(name))
     found: type[Method] = cls
     return found
 
 
 def create_method(config: MethodConfig) -> Method:
     return method_class(config.name)(config)
-
-
-def trainable_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
-    """The trainable parameters by name (for a LoRA carry run: the one adapter's weights)."""
-    return {n: p for n, p in model.named_parameters() if p.requires_grad}

@@ -23,8 +23,14 @@ class TrainPlan:
     """``stop``: a non-finite loss or gradient raises; ``skip``: drop that step's update."""
     autocast: bool = False
     """Forward passes under bfloat16 autocast (float32 weights and optimizer state)."""
+    fp16: bool = False
+    """Forward passes under float16 autocast, the loss scaled by a gradient scaler."""
+    gradient_checkpointing: bool = False
+    """Decoder layers recompute their activations in the backward pass (less memory)."""
     optimizer_restarts: int = 0
     """Times the optimizer's state is cleared within the task, at evenly spaced steps."""
+    padding_free: bool = False
+    """Pack each micro-batch's examples into one row (no pad token; ``engine.packing``)."""
 
     def restart_steps(self) -> set[int]:
         """The steps before which the optimizer starts afresh."""
@@ -44,6 +50,8 @@ class TrainStats:
     """Steps whose update was dropped for a non-finite loss or gradient (``on_nonfinite: skip``)."""
     losses: list[float] = field(default_factory=list)
     """The total loss of every optimizer step (the global value over all processes)."""
+    padding_fraction: float | None = None
+    """The share of pad tokens in the micro-batches the loop ran (0.0 when packed)."""
     details: dict[str, Any] = field(default_factory=dict)
     """Method-specific records (JSON-able) that go into ``results.json`` with the task's stats."""
 
@@ -65,6 +73,9 @@ class TrainStats:
             "loss_terms": self.loss_terms,
             "peak_memory_mb": round(self.peak_memory_mb, 1),
             **({"skipped_steps": self.skipped_steps} if self.skipped_steps else {}),
+            **(
+                {} if self.padding_fraction is None else {"padding_fraction": self.padding_fraction}
+            ),
             **({"details": self.details} if self.details else {}),
             "losses": self.losses,
         }

@@ -9,6 +9,7 @@ their declared attributes, not the contract's types.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -66,6 +67,21 @@ def known_names() -> list[str]:
     return sorted(set(_METHODS) | set(declared_names(METHODS)))
 
 
+def did_you_mean(name: str, known: list[str]) -> str:
+    """``"; did you mean 'sae_fd'?"`` for the closest of ``known`` names (a typo, ``-`` for
+    ``_``), or "" when none is close."""
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    if not close:
+        close = difflib.get_close_matches(name.replace("-", "_").lower(), known, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def unknown_method(name: str) -> str:
+    """The one line for a method name nothing registers or declares."""
+    known = known_names()
+    return f"unknown method {name!r}; known: {', '.join(known)}{did_you_mean(name, known)}"
+
+
 def all_methods() -> dict[str, Any]:
     """Every method, each declared one loaded (for listings)."""
     for name in declared_names(METHODS):
@@ -83,6 +99,9 @@ def lora_rule_broken(method: Any, mode: str, regime: str) -> str | None:
     regimes = getattr(method, "lora_regimes", None)
     if regimes is not None and (mode != "lora" or regime not in regimes):
         return f"method {method.name!r} needs finetune.mode lora with regime {' or '.join(regimes)}"
+    full_only = getattr(method, "full_only", None)
+    if full_only and mode == "lora":
+        return f"method {method.name!r} {full_only}: it needs finetune.mode full"
     carry_only = getattr(method, "carry_only", None)
     if carry_only and mode == "lora" and regime != "carry":
         return (
@@ -109,6 +128,39 @@ def sharding_rule_broken(
             "before the split), mode full, or a data-parallel launch"
         )
     return None
+
+
+_PACKING_CONFLICTS = (
+    ("activation_hooks", "reads activations through hooks, which would span the packed row"),
+    ("replace_loss", "replaces the task loss, which reads the logits row by row"),
+    ("loss_terms", "adds loss terms that read the logits row by row"),
+    ("train_stage", "trains in a stage of its own, whose losses may read the rows"),
+)
+
+
+def padding_rule_broken(method: Any) -> str | None:
+    """What stops ``method`` from training on padding-free batches (``train.padding_free``:
+    a micro-batch's examples packed into one row), or None.
+
+    ``padding_free_ok`` says it outright; unset, the method can when only the default loss
+    sees the packed row: no activation hook, no own stage, and no loss that reads the logits
+    (``window_ok`` says its loss terms never do)."""
+    declared = getattr(method, "padding_free_ok", None)
+    if declared is True:
+        return None
+    capabilities = {getattr(c, "value", c) for c in getattr(method, "capabilities", ())}
+    if getattr(method, "window_ok", False):
+        capabilities.discard("loss_terms")
+    why = next((w for c, w in _PACKING_CONFLICTS if c in capabilities), None)
+    if declared is False and why is None:
+        why = "reads its batches row by row"
+    if why is None:
+        return None
+    name = getattr(method, "name", "?")
+    return (
+        f"method {name!r} does not train on padding-free batches: it {why}; "
+        "set train.padding_free false"
+    )
 
 
 def zero_rule_broken(method: Any, budget: bool, checkpoint_every: int | None) -> str | None:

@@ -71,7 +71,7 @@ def task_map(
 ) -> tuple[Maps, dict[str, Any]]:
     """``R_t`` from the task's correct training samples (all of them if none is correct)."""
     examples = task.train[:samples]
-    feats = [encode_example(tokenizer, e, cfg.train.max_length) for e in examples]
+    feats = [encode_example(tokenizer, e, cfg.train.resolved_max_length) for e in examples]
     correct, every = MapAccumulator(top, True), MapAccumulator(top, True)
     start = time.perf_counter()
     with relevance_session(model) as score:

@@ -35,7 +35,8 @@ import torch
 from torch import nn
 
 from forgetless.config.budget import BudgetConfig
-from forgetless.contract.method import Knob, Method, trainable_parameters
+from forgetless.contract.method import Knob, Method
+from forgetless.core.modules import trainable_parameters
 
 
 def relative_violation(loss: float, max_loss: float) -> float:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -15,15 +16,18 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import get_scheduler
 
-from forgetless.contract.method import Batch, Capability, LossFn, Method, StepContext, TaskContext
+from forgetless.contract.hooks import Batch, LossFn, StepContext, TaskContext
+from forgetless.contract.method import Capability, Method
 from forgetless.contract.plan import TrainPlan, TrainStats
-from forgetless.core import distributed, sharding
+from forgetless.core import distributed, registry, sharding
 from forgetless.core.zero import ZeroEngine
+from forgetless.engine import packing
 from forgetless.engine.budget import BudgetMonitor
+from forgetless.engine.precision import Precision, checkpointing
 from forgetless.engine.progress import Progress
 from forgetless.engine.resources import peak_memory_mb
 from forgetless.engine.step_checkpoint import LoopProgress, StepCheckpointer
-from forgetless.errors import TrainingError
+from forgetless.errors import ConfigError, TrainingError
 from forgetless.tasks.formatting import IGNORE_INDEX, Features, collate, completion_window
 
 
@@ -59,12 +63,18 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 
 def batches(
-    features: list[Features], batch_size: int, seed: int, skip: int = 0
+    features: list[Features],
+    batch_size: int,
+    seed: int,
+    skip: int = 0,
+    grouped: bool = False,
 ) -> Iterator[list[Features]]:
     """Endless seeded micro-batches, reshuffled every epoch (drop-last when over one batch).
 
-    ``skip`` micro-batches are passed over first (a resumed task replays its data order).
+    ``skip`` micro-batches are passed over first (a resumed task replays its data order);
+    ``grouped`` batches examples of similar length together (``packing.length_grouped``).
     """
+    lengths = [len(f["input_ids"]) for f in features] if grouped else []
     generator = torch.Generator().manual_seed(seed)
     n = len(features)
     per_epoch = n // batch_size if n >= batch_size else 1
@@ -73,6 +83,8 @@ def batches(
     offset = skip % per_epoch
     while True:
         order = torch.randperm(n, generator=generator).tolist()
+        if grouped:
+            order = packing.length_grouped(order, lengths, batch_size)
         stop = n - n % batch_size if n >= batch_size else n
         for start in range(offset * batch_size, stop, batch_size):
             yield [features[i] for i in order[start : start + batch_size]]
@@ -118,13 +130,19 @@ class StepLoop:
     on_skip: Callable[[NonFiniteError], None] | None = None
     """Called for each step dropped under ``on_nonfinite: skip``."""
     checkpointer: StepCheckpointer | None = None
+    """Writes step checkpoints and resumes from the last one (None: no step checkpoints)."""
     monitor: BudgetMonitor | None = None
     """Holds a forgetting budget: checks it between steps and steers the method's knob."""
     _trained: nn.Module | None = field(default=None, init=False, repr=False)
     """The module the training forward goes through (``distributed.for_training``)."""
     _zero: ZeroEngine | None = field(default=None, init=False, repr=False)
     """The DeepSpeed engine that reduces and steps under a ZeRO-1/2 launch, else None."""
-    """Writes step checkpoints and resumes from the last one (None: no step checkpoints)."""
+    _precision: Precision | None = field(default=None, init=False, repr=False)
+    """The forward passes' autocast and the fp16 loss scaler of the running loop."""
+    _packed: bool = field(default=False, init=False, repr=False)
+    """Whether micro-batches go to the model packed into one row (``train.padding_free``)."""
+    _padding: list[int] = field(default_factory=lambda: [0, 0], init=False, repr=False)
+    """Pad tokens and token slots of the micro-batches run so far."""
 
     def run(
         self,
@@ -142,13 +160,17 @@ class StepLoop:
         optimizer = make_optimizer(params, plan)
         scheduler = get_scheduler(plan.scheduler, optimizer, plan.warmup_steps, plan.steps)
         done = self._resume(optimizer, scheduler)
+        self._precision = Precision.for_plan(plan, self.ctx.device)
+        self._precision.load_state_dict(done.scaler)
         if self.monitor is not None:
             self.monitor.loop_started(self.model, optimizer, scheduler)
-        stream = batches(features, plan.batch_size, plan.seed, done.step * plan.grad_accum)
+        grouped = self._arrange(plan, loss_fn)
+        stream = batches(features, plan.batch_size, plan.seed, done.step * plan.grad_accum, grouped)
         self.model.train()
         start = time.perf_counter() - done.seconds
         restarts = plan.restart_steps()
         with (
+            checkpointing(self.model, plan.gradient_checkpointing),
             distributed.zero_engine(
                 self.model, optimizer, plan.batch_size, plan.max_grad_norm
             ) as self._zero,
@@ -156,6 +178,10 @@ class StepLoop:
             self._bar(label, plan.steps, done.step) as advance,
         ):
             self._trained = self._zero.module if self._zero is not None else trained
+            if self._zero is not None and plan.fp16:
+                raise ConfigError(
+                    "train.autocast: fp16 under DeepSpeed ZeRO is not supported; use bf16"
+                )
             for step in range(done.step, plan.steps):
                 if step in restarts:
                     optimizer.state.clear()  # a fresh AdamW: moments and step count at zero
@@ -173,13 +199,18 @@ class StepLoop:
                 done.step, done.seconds = step + 1, time.perf_counter() - start
                 if self.checkpointer is not None and self.checkpointer.due(done.step, plan.steps):
                     check_finite_weights(params, self.ctx.task.name, step)
+                    done.scaler = self._precision.state_dict()
                     self.checkpointer.save(self.model, optimizer, scheduler, done)
                 advance(None if math.isnan(done.final_loss) else done.final_loss)
         if self.monitor is not None:
             self.monitor.loop_finished(plan.steps - 1, self.model, optimizer, scheduler)
         check_finite_weights(params, self.ctx.task.name, plan.steps - 1)
         self.model.eval()
-        return _stats(done, plan)
+        stats = _stats(done, plan)
+        stats.details.update(self._precision.details())
+        pads, slots = self._padding
+        stats.padding_fraction = round(pads / slots, 4) if slots else None
+        return stats
 
     def _record(
         self,
@@ -221,7 +252,9 @@ class StepLoop:
     def _bar(self, label: str, total: int, completed: int) -> Any:
         if self.progress is None:
             return _NullBar()
-        return self.progress.task(f"{label} {self.ctx.task.name}", total, completed)
+        index, count = self.ctx.task_index, len(self.ctx.run.task_names)
+        what = f"task {index}/{count} {label} {self.ctx.task.name}"
+        return self.progress.task(what, total, completed, unit="step")
 
     def _step(
         self,
@@ -239,7 +272,7 @@ class StepLoop:
                 feats = self.method.transform_batch(feats, sctx)
             sctx.global_batch_size = len(feats)
             feats = distributed.shard(feats)
-            batch = {k: v.to(self.ctx.device) for k, v in collate(feats, self.pad_id).items()}
+            batch = {k: v.to(self.ctx.device) for k, v in self._collate(feats).items()}
             sctx.batch_share, global_tokens = self._share(batch)
             last = micro == plan.grad_accum - 1
             terms, bad = self._backward(batch, sctx, loss_fn, plan.grad_accum, last)
@@ -250,7 +283,7 @@ class StepLoop:
                 total_value += value / plan.grad_accum
                 logged[name] = logged.get(name, 0.0) + value / plan.grad_accum
         pre_step = self._snapshot() if self.method.uses(Capability.UPDATE_GATE) else None
-        norm = self._optimizer_step(optimizer, plan)
+        norm = self._optimizer_step(optimizer, plan, sctx.step)
         if not math.isfinite(norm):
             raise NonFiniteError(self.ctx.task.name, sctx.step, "grad_norm", norm)
         if pre_step is not None:
@@ -270,7 +303,8 @@ class StepLoop:
             total, terms, bad = self._loss(batch, sctx, loss_fn)
             scaled = distributed.scale_for_reduction(total / accum, sctx.batch_share)
             if self._zero is None:
-                scaled.backward()  # even when non-finite: the wrapper's reduction must end
+                # even when non-finite: the wrapper's reduction must end
+                self._scaled(scaled).backward()
                 return terms, bad
         if bad is not None:
             # every process sees the same bad term: all step now on NaN gradients, which the
@@ -281,15 +315,53 @@ class StepLoop:
             self._zero.step()
         return terms, bad
 
-    def _optimizer_step(self, optimizer: torch.optim.Optimizer, plan: TrainPlan) -> float:
-        """Clip and step (the engine does both under ZeRO); the gradient norm before clipping."""
+    def _arrange(self, plan: TrainPlan, loss_fn: LossFn | None) -> bool:
+        """Set up ``train.padding_free``: pack where the model's attention keeps packed
+        sequences apart; else say so once and return True (group examples by length)."""
+        self._packed, self._padding = False, [0, 0]
+        if not plan.padding_free:
+            return False
+        broken = registry.padding_rule_broken(self.method)
+        if broken is None and loss_fn is not None:
+            broken = "train.padding_free: a stage's own loss reads the padded rows"
+        if broken:
+            raise TrainingError(broken)
+        self._packed = packing.packs(self.model)
+        if not self._packed:
+            warnings.warn(
+                f"train.padding_free: attention {packing.attention_of(self.model)!r} does not "
+                "keep packed sequences apart; batching examples of similar length instead",
+                stacklevel=2,
+            )
+        return not self._packed
+
+    def _collate(self, feats: list[Features]) -> dict[str, torch.Tensor]:
+        """The micro-batch as tensors (packed or right-padded), its padding counted."""
+        batch = packing.pack(feats) if self._packed else collate(feats, self.pad_id)
+        pads, slots = packing.padding_share(batch)
+        self._padding[0] += pads
+        self._padding[1] += slots
+        return batch
+
+    def _optimizer_step(
+        self, optimizer: torch.optim.Optimizer, plan: TrainPlan, step: int
+    ) -> float:
+        """Clip and step (the engine does both under ZeRO); the gradient norm before clipping
+        (0 for a step the fp16 scaler dropped)."""
         if self._zero is not None:
             return self._zero.step()
         limit = plan.max_grad_norm if plan.max_grad_norm is not None else math.inf
-        norm = float(nn.utils.clip_grad_norm_(self._trainable(), limit))
-        if math.isfinite(norm):
-            optimizer.step()
-        return norm
+        precision = self._precision or Precision(self.ctx.device)
+        return precision.step(optimizer, self._trainable(), limit, step)
+
+    def _scaled(self, loss: torch.Tensor) -> torch.Tensor:
+        return self._precision.scale(loss) if self._precision is not None else loss
+
+    def _autocast(self, sctx: StepContext) -> Any:
+        """The running loop's autocast; outside a run, bf16 as ``sctx`` says."""
+        if self._precision is not None:
+            return self._precision.autocast()
+        return torch.autocast(self.ctx.device.type, torch.bfloat16, enabled=sctx.autocast)
 
     def _share(self, batch: Batch) -> tuple[float, int]:
         """This process's share of the micro-batch's labelled tokens, and all processes' tokens."""
@@ -310,10 +382,9 @@ class StepLoop:
         """The micro-batch's total loss, its named terms (global values), and the first
         non-finite term (name, value) if any: every process sees the same one."""
         window = {"logits_to_keep": completion_window(batch["labels"])}
-        with torch.autocast(self.ctx.device.type, torch.bfloat16, enabled=sctx.autocast):
+        with self._autocast(sctx):
             outputs = (self._trained or self.model)(
-                input_ids=batch["input_ids"],
-                attention_mask=batch["attention_mask"],
+                **self._inputs(batch),
                 use_cache=False,
                 **(window if self._windowed(loss_fn) else {}),
             )
@@ -341,6 +412,13 @@ class StepLoop:
         parts = list(terms.values())
         total = parts[0] if len(parts) == 1 else torch.stack([t.reshape(()) for t in parts]).sum()
         return total, values, bad
+
+    def _inputs(self, batch: Batch) -> dict[str, torch.Tensor]:
+        """What the forward is given: a packed row goes without a mask (transformers then
+        reads the sequences' boundaries from ``position_ids``)."""
+        if "position_ids" in batch:
+            return {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"]}
+        return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
 
     def _windowed(self, loss_fn: LossFn | None) -> bool:
         """Whether nothing but the default loss reads the logits (see ``Method.window_ok``)."""

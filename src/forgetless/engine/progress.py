@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -16,11 +18,46 @@ from rich.progress import (
 )
 from rich.progress import Progress as RichProgress
 
+from forgetless.errors import ConfigError
+
+EVERY_VARIABLE = "FORGETLESS_PROGRESS_EVERY"
+"""Seconds between plain progress lines (default 30, the first after 10): 0 prints every step."""
+
+
+def line_interval(default: float = 30.0) -> float:
+    """The seconds between plain progress lines: ``$FORGETLESS_PROGRESS_EVERY`` or ``default``."""
+    raw = os.environ.get(EVERY_VARIABLE, "").strip()
+    if not raw:
+        return default
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ConfigError(f"{EVERY_VARIABLE}={raw!r}: expected a number of seconds, e.g. 30")
+    return seconds
+
+
+def duration(seconds: float) -> str:
+    """``45s``, ``3m20s``, ``2h05m``: the time left at a glance."""
+    whole = round(seconds)
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+
+
+def rate_text(per_second: float) -> str:
+    return f"{per_second:.0f}" if per_second >= 10 else f"{per_second:.2g}"
+
 
 class Heartbeat:
-    """Plain progress lines (``evaluate: 137/10000``) for work that no live bar shows: under
-    ``--quiet``, or into a log that is not a terminal. The first comes ``first`` seconds after
-    the start, then one every ``every`` seconds; short work prints nothing."""
+    """Plain progress lines (``evaluate: 137/10000, 41/s, 4m00s left``) for work that no live
+    bar shows: under ``--quiet``, or into a log that is not a terminal. The first comes
+    ``first`` seconds (default 10) after the start, then one every ``every`` seconds (default
+    ``line_interval()``) and one as each tenth of the work is passed, unless the line before is
+    under ``first`` seconds old: short work prints nothing."""
 
     def __init__(
         self,
@@ -28,20 +65,43 @@ class Heartbeat:
         what: str,
         total: int,
         done: int = 0,
-        first: float = 10.0,
-        every: float = 30.0,
+        first: float | None = None,
+        every: float | None = None,
         clock: Callable[[], float] = time.monotonic,
+        unit: str = "",
     ) -> None:
-        self.say, self.what, self.total, self.done = say, what, total, done
-        self.every, self.clock = every, clock
-        self.due = clock() + first
+        self.say, self.what, self.total, self.done, self.unit = say, what, total, done, unit
+        self.every = line_interval() if every is None else every
+        self.clock = clock
+        self.start, self.start_done = clock(), done
+        self.gap = min(10.0, self.every) if first is None else first
+        self.soon = self.due = self.start + self.gap
+        self.tenth = max(1, total // 10)
+        self.mark = (done // self.tenth + 1) * self.tenth
 
     def beat(self, advance: int = 1) -> None:
         self.done += advance
         now = self.clock()
-        if now >= self.due:
-            self.say(f"{self.what}: {self.done}/{self.total}")
-            self.due = now + self.every
+        tenth = self.done >= self.mark  # a tenth of the work is passed
+        if tenth:
+            self.mark = (self.done // self.tenth + 1) * self.tenth
+        if now >= self.due or (tenth and now >= self.soon):
+            self.say(self.line(now))
+            self.due, self.soon = now + self.every, now + self.gap
+
+    def count(self) -> str:
+        shown = f"{self.done}/{self.total}"
+        return f"{self.unit} {shown}" if self.unit else shown
+
+    def line(self, now: float) -> str:
+        """``what: step 120/500, 1.9 step/s, 3m20s left`` (the rate since this start)."""
+        elapsed, moved = now - self.start, self.done - self.start_done
+        if elapsed <= 0 or moved <= 0:
+            return f"{self.what}: {self.count()}"
+        rate = moved / elapsed
+        left = duration(max(0, self.total - self.done) / rate)
+        per = f"{rate_text(rate)} {self.unit}/s" if self.unit else f"{rate_text(rate)}/s"
+        return f"{self.what}: {self.count()}, {per}, {left} left"
 
 
 class Progress:
@@ -75,10 +135,14 @@ class Progress:
 
     @contextmanager
     def task(
-        self, description: str, total: int, completed: int = 0
+        self, description: str, total: int, completed: int = 0, unit: str = ""
     ) -> Iterator[Callable[[float | None], None]]:
+        """A bar for ``total`` units of work (``unit`` names them in plain lines: ``step``).
+        Into a log that is not a terminal, the work's start is one plain line."""
         task_id = self._rich.add_task(description, total=total, completed=completed, info="")
-        heartbeat = None if self._live else self._heartbeat(description, total, completed)
+        heartbeat = None if self._live else self._heartbeat(description, total, completed, unit)
+        if heartbeat is not None and self.enabled:
+            self._say(f"{description}: start, {heartbeat.count()}")
 
         def advance(loss: float | None = None) -> None:
             info = f"loss {loss:.4f}" if loss is not None else ""
@@ -91,8 +155,8 @@ class Progress:
         finally:
             self._rich.remove_task(task_id)
 
-    def _heartbeat(self, what: str, total: int, done: int) -> Heartbeat:
-        def say(line: str) -> None:
-            self._console.print(line, markup=False, highlight=False, soft_wrap=True)
+    def _heartbeat(self, what: str, total: int, done: int, unit: str) -> Heartbeat:
+        return Heartbeat(self._say, what, total, done, clock=self._clock, unit=unit)
 
-        return Heartbeat(say, what, total, done, clock=self._clock)
+    def _say(self, line: str) -> None:
+        self._console.print(line, markup=False, highlight=False, soft_wrap=True)

@@ -18,13 +18,8 @@ from typing import Any
 
 from torch import nn
 
-from forgetless.contract.method import (
-    Capability,
-    Method,
-    Stage,
-    TaskContext,
-    TaskEndContext,
-)
+from forgetless.contract.hooks import Stage, TaskContext, TaskEndContext
+from forgetless.contract.method import Capability, Method
 from forgetless.contract.plan import TrainPlan, TrainStats
 from forgetless.engine.budget import BudgetMonitor
 from forgetless.engine.loop import NonFiniteError, StepLoop

@@ -47,6 +47,8 @@ class LoopProgress:
     sums: dict[str, float] = field(default_factory=dict)
     losses: list[float] = field(default_factory=list)
     skipped: list[tuple[int, str, float]] = field(default_factory=list)
+    scaler: dict[str, Any] = field(default_factory=dict)
+    """The fp16 gradient scaler's state, and the steps it skipped (``scaler_skipped``)."""
 
 
 def plan_fingerprint(plan: Any) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from torch import nn
 from forgetless.config.evaluation import LmEvalProbe
 from forgetless.config.schema import EvalConfig, RunConfig, probe_names
 from forgetless.eval.generation import EvalResult, completion_logprobs, gold_loglik, kl_drift
-from forgetless.eval.lm_eval_probe import run_lm_eval_probe
+from forgetless.eval.lm_eval_probe import lm_eval_outcome
 from forgetless.eval.metrics import ProbeRetention, probe_retention_detail
 from forgetless.eval.prose import ProseBase, encode_prose, prose_base, prose_row
 from forgetless.eval.scorers import chance_level, score_task
@@ -98,6 +98,8 @@ class Evaluator:
         self.base_logprobs: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self.prose: tuple[list[torch.Tensor], ProseBase] | None = None
         self.base_row: EvalRow | None = None
+        self.lm_chance: dict[str, float] = {}
+        """lm-eval probes' chance scores, measured from their documents on the first scoring."""
 
     @classmethod
     def for_run(
@@ -110,7 +112,7 @@ class Evaluator:
             tasks=tasks,
             lm_probes=[p for p in cfg.probes if isinstance(p, LmEvalProbe)],
             settings=cfg.eval,
-            max_length=cfg.train.max_length,
+            max_length=cfg.train.resolved_max_length,
             probe_order=probe_names(cfg.probes),
         )
 
@@ -148,10 +150,16 @@ class Evaluator:
         return row
 
     def chance(self) -> dict[str, float]:
-        """Each probe's chance score (0 where answers are free text)."""
+        """Each probe's chance score (0 where answers are free text; an lm-eval probe's is its
+        setting, else 1/choices once measured)."""
         chance = {p.name: chance_level(p) for p in self.probes}
         for probe in self.lm_probes:
-            chance.update(dict.fromkeys(probe.names, probe.lm_eval.chance))
+            for name in probe.names:
+                chance[name] = (
+                    probe.lm_eval.chance
+                    if probe.lm_eval.chance is not None
+                    else self.lm_chance.get(name, 0.0)
+                )
         return {name: chance[name] for name in self.probe_names}
 
     def _scored(self, model: nn.Module, cap: int | None, bars: ProgressBars) -> dict[str, Any]:
@@ -168,7 +176,10 @@ class Evaluator:
         scores: dict[str, float] = {}
         for probe in self.lm_probes:
             batch = self.settings.batch_size
-            scores.update(run_lm_eval_probe(model, self.tokenizer, probe.lm_eval, batch))
+            unknown = probe.lm_eval.chance is None and not set(probe.names) <= set(self.lm_chance)
+            outcome = lm_eval_outcome(model, self.tokenizer, probe.lm_eval, batch, unknown)
+            scores.update(outcome.scores)
+            self.lm_chance.update(outcome.chance)
         return scores
 
     def _probe_logprobs(self, model: nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -9,7 +9,8 @@ is an optional extra (``pip install 'forgetless[lmeval]'``) imported only when a
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from torch import nn
@@ -50,10 +51,40 @@ def _unwrap(model: nn.Module) -> nn.Module:
     return get_base() if callable(get_base) else model
 
 
+def choice_chance(output_type: str | None, samples: Sequence[Mapping[str, Any]]) -> float:
+    """A task's chance score: the mean of 1/choices over its documents for multiple choice (one
+    loglikelihood request per choice), 0 for free-text answers."""
+    counts = [len(s.get("arguments") or ()) for s in samples]
+    counts = [n for n in counts if n > 0]
+    if output_type != "multiple_choice" or not counts:
+        return 0.0
+    return sum(1 / n for n in counts) / len(counts)
+
+
+@dataclass(frozen=True)
+class LmEvalOutcome:
+    """One probe's scores, keyed ``lmeval:<task>``, and (when measured) each task's chance."""
+
+    scores: dict[str, float]
+    chance: dict[str, float] = field(default_factory=dict)
+
+
 def run_lm_eval_probe(
     model: nn.Module, tokenizer: Any, settings: LmEvalSettings, batch_size: int
 ) -> dict[str, float]:
     """Scores of ``model`` on the lm-eval tasks of one probe, keyed ``lmeval:<task>``."""
+    return lm_eval_outcome(model, tokenizer, settings, batch_size).scores
+
+
+def lm_eval_outcome(
+    model: nn.Module,
+    tokenizer: Any,
+    settings: LmEvalSettings,
+    batch_size: int,
+    measure_chance: bool = False,
+) -> LmEvalOutcome:
+    """``run_lm_eval_probe``'s scores; ``measure_chance`` also reads each task's chance from its
+    documents' choices (lm-eval then keeps its samples, so it is asked once per run)."""
     try:
         import lm_eval
         from lm_eval.models.huggingface import HFLM
@@ -80,7 +111,7 @@ def run_lm_eval_probe(
                 include_path=include, include_defaults=settings.include_defaults
             ),
             apply_chat_template=settings.apply_chat_template,
-            log_samples=False,
+            log_samples=measure_chance,
             bootstrap_iters=0,
             verbosity="ERROR",
         )
@@ -93,7 +124,17 @@ def run_lm_eval_probe(
     if out is None:
         raise ConfigError(f"lm-eval probe {settings.tasks}: lm-eval returned no results")
     results = out["results"]
-    return {
+    scores = {
         f"{LMEVAL_PREFIX}{task}": pick_metric(results.get(task, {}), settings.metric, task)
         for task in settings.tasks
     }
+    if not measure_chance:
+        return LmEvalOutcome(scores)
+    configs, samples = out.get("configs", {}), out.get("samples", {})
+    chance = {
+        f"{LMEVAL_PREFIX}{task}": choice_chance(
+            configs.get(task, {}).get("output_type"), samples.get(task, [])
+        )
+        for task in settings.tasks
+    }
+    return LmEvalOutcome(scores, chance)

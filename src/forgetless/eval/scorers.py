@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any, Protocol
@@ -37,6 +36,7 @@ from forgetless.config.evaluation import (
     ScorerConfig,
     StartsWithScorer,
 )
+from forgetless.core.modules import evaluating
 from forgetless.errors import DataError
 from forgetless.eval.generation import (
     EvalResult,
@@ -192,7 +192,7 @@ class AliasMatch:
     """Greedy generation checked against the reference and the example's aliases."""
 
     def score(self, model: nn.Module, tokenizer: Any, task: Task, batch_size: int) -> EvalResult:
-        with _eval_mode(model):
+        with evaluating(model):
             predictions = generate_completions(
                 model, tokenizer, task.eval, task.max_new_tokens, batch_size
             )
@@ -205,22 +205,11 @@ class EndsTurn:
     """The share of greedy generations that end with the EOS token inside the budget."""
 
     def score(self, model: nn.Module, tokenizer: Any, task: Task, batch_size: int) -> EvalResult:
-        with _eval_mode(model):
+        with evaluating(model):
             ids = generate_token_ids(model, tokenizer, task.eval, task.max_new_tokens, batch_size)
         correct = [tokenizer.eos_token_id in row for row in ids]
         predictions = list(tokenizer.batch_decode(ids, skip_special_tokens=True))
         return EvalResult(task.name, sum(correct) / len(correct), correct, predictions)
-
-
-@contextmanager
-def _eval_mode(model: nn.Module) -> Iterator[None]:
-    """The model in eval mode inside the block, back in its own mode after."""
-    was_training = model.training
-    model.eval()
-    try:
-        yield
-    finally:
-        model.train(was_training)
 
 
 # --- multiple choice -----------------------------------------------------------------------------

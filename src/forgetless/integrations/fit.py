@@ -23,6 +23,8 @@ STAGE_WHY: dict[str, str] = {
     "opcm": "it merges each task's fine-tuned weights into the model by orthogonal projection "
     "after its own training stage",
     "rl": "it runs an SFT stage then an RL stage with sampled generations for each task",
+    "sdft": "it samples completions every step and builds its teacher's prompt from each "
+    "example's demonstration text, which a trainer's token batches do not carry",
     "self_sft": "it generates its own targets with the current model between runs of the step loop",
     "task_arithmetic": "it adds each task's fine-tuned weights to the model as a task vector "
     "after its own training stage",

@@ -3,7 +3,10 @@ the method's named terms, computed by the same hooks the step loop calls
 (``forgetless.engine.loop.StepLoop._loss``), so the terms equal a forgetless run's on the same
 batch and weights.
 
-The trainer keeps its own task loss (TRL's fused LM head, DFT, label smoothing, its metrics).
+The trainer keeps its own task loss (TRL's fused LM head, DFT, label smoothing, its metrics),
+unless the method replaces it (``task_loss``: DFT, ASFT, EAFT); the replacement, a token mean of
+the micro-batch, is then normalised as the trainer normalises its cross-entropy (by
+``num_items_in_batch`` when the trainer counts it, else over the accumulation steps).
 A penalty on the weights alone (EWC's ``(λ/2)·Σ F·(θ−θ*)²``, Kirkpatrick et al. 2017, PNAS)
 needs no logits; where a method reads them (KL-SFT's KL to the base) and the trainer's forward
 never built them (TRL's ``SFTTrainer`` computes log-probabilities in chunks), the terms get a
@@ -51,6 +54,20 @@ def loss_scaled_for_accumulation(trainer: Any, num_items: Any) -> bool:
     return by_items or getattr(trainer, "compute_loss_func", None) is not None
 
 
+def replaced_loss_factor(trainer: Any, labels: torch.Tensor, num_items: Any, scale: float) -> Any:
+    """What turns a method's replaced task loss, a token mean over the micro-batch, into the
+    trainer's normalisation of its own cross-entropy: the micro-batch's scored tokens over
+    ``num_items_in_batch`` (the accumulated batch's) when the trainer normalises by it, times
+    the processes when it counts tokens across them, as ``Trainer.compute_loss`` does; else
+    ``scale``, the accumulation's share."""
+    if num_items is None or not loss_scaled_for_accumulation(trainer, num_items):
+        return scale
+    factor = labelled_tokens(labels) / num_items
+    if getattr(trainer.args, "average_tokens_across_devices", False):
+        factor = factor * trainer.accelerator.num_processes
+    return factor
+
+
 def accumulation_steps(trainer: Any) -> int:
     steps = getattr(trainer, "current_gradient_accumulation_steps", None)
     return int(steps or trainer.args.gradient_accumulation_steps)
@@ -79,7 +96,8 @@ class StepLoss:
     """The trainer's ``compute_loss`` is ``transformers.Trainer``'s: its outputs carry logits
     with their graph, which a method reading them may use without a second forward."""
     last: dict[str, float] = field(default_factory=dict)
-    """The latest micro-batch's terms (``task`` the trainer's loss), as plain numbers."""
+    """The latest micro-batch's terms (``task`` the trainer's loss, or the method's replacement
+    as a token mean), as plain numbers."""
     sums: dict[str, float] = field(default_factory=dict)
     micro: int = 0
 
@@ -102,13 +120,16 @@ class StepLoss:
         outputs: Any = None
         if method.uses(Capability.REPLACE_LOSS):
             outputs = forward(model, batch)
-            task = method.task_loss(batch, outputs, sctx) * scale
-        elif reads_logits(method) and self.reuse_outputs:
-            task, outputs = compute(
-                model, inputs, return_outputs=True, num_items_in_batch=num_items
-            )
+            recorded = method.task_loss(batch, outputs, sctx)
+            task = recorded * replaced_loss_factor(trainer, batch["labels"], num_items, scale)
         else:
-            task = compute(model, inputs, return_outputs=False, num_items_in_batch=num_items)
+            if reads_logits(method) and self.reuse_outputs:
+                task, outputs = compute(
+                    model, inputs, return_outputs=True, num_items_in_batch=num_items
+                )
+            else:
+                task = compute(model, inputs, return_outputs=False, num_items_in_batch=num_items)
+            recorded = task / scale
         terms: dict[str, torch.Tensor] = {}
         if method.uses(Capability.LOSS_TERMS):
             if outputs is None:
@@ -119,7 +140,7 @@ class StepLoss:
         total = task
         for term in terms.values():
             total = total + term.reshape(()) * scale
-        self._record(task / scale, terms)
+        self._record(recorded, terms)
         return total, outputs
 
     def _transformed(

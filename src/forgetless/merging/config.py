@@ -10,6 +10,8 @@ tasks:                              # full model folders or PEFT adapter folders
 method: {name: ties, density: 0.2, scaling: 1.0}
 ```
 
+A mergekit YAML (it names ``merge_method``) is read too: ``mergekit_yaml`` translates it.
+
 ``method`` is resolved by name through ``MERGE_METHODS``: the built-in rules below, and any a
 module registers with ``register_merge_method``. A module that declares itself in the entry-point
 group ``forgetless.merge_methods`` (the experimental corner does) is imported when a config first
@@ -19,9 +21,16 @@ names its method, so this floor never imports it by name.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, Field, SerializeAsAny, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    Field,
+    SerializeAsAny,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from forgetless.core import registry
 from forgetless.strict import StrictModel
@@ -76,6 +85,21 @@ class DareParams(BaseModel):
     seed: int = Field(
         0, ge=0, lt=2**32, description="Seed of the drop masks (per tensor and task)."
     )
+    rescale: Literal["inverse", "l1", "none"] = Field(
+        "inverse",
+        description="How the kept entries are rescaled: inverse by 1/(1−p) (the paper's Eq. 3); "
+        "l1 so each tensor keeps its L1 norm (mergekit's rescale: true); none (rescale: false).",
+    )
+    elect_sign: bool = Field(
+        False,
+        description="After the drop, TIES's sign election in mergekit's convention and the sum "
+        "of the agreeing entries (mergekit's dare_ties); false: their weighted sum (dare_linear).",
+    )
+    normalize: bool = Field(
+        False,
+        description="Divide the merged sum by the sum of the (agreeing) weights (mergekit's "
+        "normalize; its dare methods default to false).",
+    )
 
 
 class OPCMParams(BaseModel):
@@ -113,19 +137,47 @@ def register_merge_method(cls: type[MergeT]) -> type[MergeT]:
     return cls
 
 
+Density = Annotated[float, Field(gt=0, le=1)]
+DropRate = Annotated[float, Field(ge=0, lt=1)]
+
+
 @register_merge_method
 class TaskArithmeticMerge(MergeMethodConfig, TaskArithmeticParams):
     name: Literal["task_arithmetic"] = Field(description="θ = θ₀ + λ Σ w_t τ_t (Ilharco 2023).")
+    normalize: bool = Field(
+        False, description="Divide Σ w_t τ_t by Σ w_t before λ (mergekit's normalize)."
+    )
 
 
 @register_merge_method
 class TiesMerge(MergeMethodConfig, TiesParams):
     name: Literal["ties"] = Field(description="TIES-merging (Yadav et al. 2023).")
+    density: Density | list[Density] = Field(  # type: ignore[assignment]
+        0.2, description="k, the share kept per tensor (paper: 0.2), or one per task in order."
+    )
 
 
 @register_merge_method
 class DareMerge(MergeMethodConfig, DareParams):
     name: Literal["dare"] = Field(description="DARE then task arithmetic (Yu et al. 2024).")
+    drop_rate: DropRate | list[DropRate] = Field(  # type: ignore[assignment]
+        0.9, description="p, the share of entries dropped, or one per task in order."
+    )
+
+
+class LinearParams(BaseModel):
+    """The linear merge (Wortsman et al. 2022, model soups): ``θ = Σ_t w_t θ_t / Σ_t w_t``."""
+
+    normalize: bool = Field(
+        True,
+        description="Divide by Σ w_t (a weighted mean, mergekit's default); false keeps the "
+        "weighted sum of the models.",
+    )
+
+
+@register_merge_method
+class LinearMerge(MergeMethodConfig, LinearParams):
+    name: Literal["linear"] = Field(description="Weighted mean of the models (model soups).")
 
 
 @register_merge_method
@@ -187,9 +239,40 @@ class MergeConfig(Strict):
     def _resolve_method(cls, value: Any) -> MergeMethodConfig:
         return merge_method(value)
 
+    @field_validator("method", mode="after")
+    @classmethod
+    def _fits_the_tasks(cls, method: MergeMethodConfig, info: ValidationInfo) -> MergeMethodConfig:
+        """Per-task values come one per task; a weighted mean needs weights not summing to 0."""
+        tasks: list[MergeTask] = info.data.get("tasks") or []
+        for key in ("density", "drop_rate"):
+            value = getattr(method, key, None)
+            if tasks and isinstance(value, list) and len(value) != len(tasks):
+                raise ValueError(
+                    f"{method.name}.{key} has {len(value)} values for {len(tasks)} tasks"
+                )
+        linear = isinstance(method, LinearMerge) and method.normalize
+        if linear and tasks and sum(t.weight for t in tasks) == 0:
+            raise ValueError("linear: the tasks' weights sum to 0, so it cannot divide by them")
+        return method
+
 
 def load_merge_config(path: Path) -> MergeConfig:
     """YAML → :class:`MergeConfig`; any problem is one ConfigError line naming the field."""
-    from forgetless.config.loading import load_typed
+    return load_merge_plan(path)[0]
 
-    return load_typed(path, MergeConfig)
+
+def load_merge_plan(path: Path) -> tuple[MergeConfig, list[str]]:
+    """A merge YAML in forgetless's schema, or a mergekit one (it names ``merge_method``),
+    translated by ``mergekit_yaml``; with the translation's notes on what differs from mergekit."""
+    from forgetless.config.loading import format_validation_error, read_yaml
+    from forgetless.errors import ConfigError
+    from forgetless.merging.mergekit_yaml import is_mergekit, translate
+
+    data, notes = read_yaml(path), []
+    if is_mergekit(data):
+        found = translate(data, str(path))
+        data, notes = found.config, found.notes
+    try:
+        return MergeConfig.model_validate(data), notes
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err, str(path))) from None

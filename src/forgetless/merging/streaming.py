@@ -26,9 +26,10 @@ from forgetless.core.tensor_files import TIED, WEIGHTS_FILE, TensorFiles, adapte
 from forgetless.errors import ConfigError
 from forgetless.merging.blocks import is_block_matrix
 from forgetless.merging.config import MERGE_METHODS, MergeConfig, OPCMMerge
-from forgetless.merging.dare import dare
+from forgetless.merging.dare import dare_merge
+from forgetless.merging.linear import combine, linear_update
 from forgetless.merging.opcm import opcm_accumulate, opcm_lambda
-from forgetless.merging.task_arithmetic import COMPUTE, task_vector, weighted_sum
+from forgetless.merging.task_arithmetic import COMPUTE, task_vector
 from forgetless.merging.ties import ties_merge
 
 COPIED = (
@@ -242,7 +243,7 @@ class TensorMerge:
 
 
 def _task_arithmetic(params: Any, t: TensorMerge) -> torch.Tensor:
-    return float(params.scaling) * weighted_sum(t.dense(), t.weights)
+    return combine(t.dense(), t.weights, params.normalize, params.scaling)
 
 
 def _ties(params: Any, t: TensorMerge) -> torch.Tensor:
@@ -251,11 +252,11 @@ def _ties(params: Any, t: TensorMerge) -> torch.Tensor:
 
 
 def _dare(params: Any, t: TensorMerge) -> torch.Tensor:
-    kept = []
-    for task, delta in enumerate(t.dense()):
-        gen = torch.Generator().manual_seed(params.seed * 1_000_003 + t.index * 1_009 + task)
-        kept.append(dare(delta, params.drop_rate, gen))
-    return float(params.scaling) * weighted_sum(kept, t.weights)
+    return dare_merge(params, t.dense(), t.weights, t.index)
+
+
+def _linear(params: Any, t: TensorMerge) -> torch.Tensor:
+    return linear_update(t.base, t.dense(), t.weights, params.normalize)
 
 
 TensorRule = Callable[[Any, TensorMerge], torch.Tensor]
@@ -264,6 +265,7 @@ TENSOR_RULES: dict[str, TensorRule] = {
     "task_arithmetic": _task_arithmetic,
     "ties": _ties,
     "dare": _dare,
+    "linear": _linear,
 }
 """The per-tensor merge of every rule but OPCM, whose λ needs a first pass over the model."""
 

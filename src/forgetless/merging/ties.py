@@ -48,7 +48,7 @@ def disjoint_mean(trimmed: Sequence[torch.Tensor], sign: torch.Tensor) -> torch.
 
 def ties_merge(
     deltas: Sequence[torch.Tensor],
-    density: float,
+    density: float | Sequence[float],
     weights: Sequence[float] | None = None,
     convention: str = "paper",
     normalize: bool = True,
@@ -56,7 +56,8 @@ def ties_merge(
     """The TIES merged task vector ``τ_m`` (Yadav et al. 2023, "TIES-Merging: Resolving
     Interference When Merging Models", NeurIPS, Alg. 1); the caller adds ``λ·τ_m`` to the base.
 
-    ``weights`` (default 1) scale each task vector. ``convention="mergekit"`` follows mergekit's
+    ``density`` is one share for every task or one per task. ``weights`` (default 1) scale each
+    task vector. ``convention="mergekit"`` follows mergekit's
     ``ties`` instead (see ``TiesParams``): ⌊k·n⌋ kept of the unweighted vectors, + elected where
     the weighted sum is ≥ 0, and the agreeing weighted entries summed, divided by the agreeing
     weights when ``normalize``.
@@ -66,9 +67,14 @@ def ties_merge(
     weights = [1.0] * len(deltas) if weights is None else list(weights)
     if len(weights) != len(deltas):
         raise ValueError(f"{len(deltas)} task vectors but {len(weights)} weights")
+    shares = [density] * len(deltas) if isinstance(density, int | float) else list(density)
+    if len(shares) != len(deltas):
+        raise ValueError(f"{len(deltas)} task vectors but {len(shares)} densities")
     if convention == "mergekit":
-        return _mergekit_ties(deltas, density, weights, normalize)
-    trimmed = [trim_top_k(d.to(COMPUTE) * w, density) for d, w in zip(deltas, weights, strict=True)]
+        return _mergekit_ties(deltas, shares, weights, normalize)
+    trimmed = [
+        trim_top_k(d.to(COMPUTE) * w, k) for d, w, k in zip(deltas, weights, shares, strict=True)
+    ]
     return disjoint_mean(trimmed, elect_sign(trimmed))
 
 
@@ -87,9 +93,12 @@ def _mergekit_trim(delta: torch.Tensor, density: float) -> torch.Tensor:
 
 
 def _mergekit_ties(
-    deltas: Sequence[torch.Tensor], density: float, weights: Sequence[float], normalize: bool
+    deltas: Sequence[torch.Tensor],
+    densities: Sequence[float],
+    weights: Sequence[float],
+    normalize: bool,
 ) -> torch.Tensor:
-    kept = torch.stack([_mergekit_trim(d, density) for d in deltas])
+    kept = torch.stack([_mergekit_trim(d, k) for d, k in zip(deltas, densities, strict=True)])
     w = torch.tensor(list(weights), dtype=COMPUTE).view(-1, *([1] * (kept.ndim - 1)))
     weighted = kept * w
     majority = torch.where(weighted.sum(dim=0) >= 0, 1.0, -1.0)

@@ -19,7 +19,11 @@ from forgetless.errors import ConfigError
 
 BUILTIN: dict[str, str] = {
     "anchored": "forgetless.methods.anchored",
+    "asft": "forgetless.methods.asft",
     "attribution_gate": "forgetless.methods.attribution_gate",
+    "block_expansion": "forgetless.methods.block_expansion",
+    "dft": "forgetless.methods.dft",
+    "eaft": "forgetless.methods.eaft",
     "ewc": "forgetless.methods.ewc",
     "freeze": "forgetless.methods.freeze",
     "kl_sft": "forgetless.methods.kl_sft",
@@ -30,6 +34,7 @@ BUILTIN: dict[str, str] = {
     "replay": "forgetless.methods.replay",
     "rl": "forgetless.methods.rl",
     "sae_fd": "forgetless.methods.sae_fd",
+    "sdft": "forgetless.methods.sdft",
     "self_sft": "forgetless.methods.self_sft",
     "seq_ft": "forgetless.methods.seq_ft",
     "task_arithmetic": "forgetless.methods.task_arithmetic",

@@ -15,20 +15,11 @@ from pydantic import Field
 from torch import nn
 from transformers import AutoModelForCausalLM
 
-from forgetless.contract.method import (
-    Batch,
-    Capability,
-    LossFn,
-    Method,
-    MethodConfig,
-    Paper,
-    Stage,
-    StepContext,
-    TaskContext,
-    declare_method,
-)
+from forgetless.contract.hooks import Batch, LossFn, Stage, StepContext, TaskContext
+from forgetless.contract.method import Capability, Method, MethodConfig, Paper, declare_method
 from forgetless.contract.plan import TrainStats
 from forgetless.core import sharding
+from forgetless.core.modules import freeze
 from forgetless.engine.loop import steps_for_epochs
 from forgetless.engine.resources import peak_memory_mb
 from forgetless.errors import ConfigError, ModelLoadError, TrainingError
@@ -43,7 +34,6 @@ from forgetless.methods.anchored_math import (
     kl_per_position,
     topk_anchor,
 )
-from forgetless.methods.kl_sft import freeze
 from forgetless.tasks.formatting import IGNORE_INDEX, Features, collate
 
 _DEFAULTS = "the public re-implementation cited in the toolkit's Anchored Learning issue"
@@ -209,6 +199,7 @@ class Anchored(Method[AnchoredConfig]):
     """
 
     smoke: ClassVar[dict[str, Any]] = {"outer_iterations": 2, "inner_steps": 2, "top_k": 8}
+    unquantized = "keeps whole copies of the model (its SFT reference and snapshots)"
     unsharded = None  # its reference and snapshots are split like the student (copy_model)
 
     def __init__(self, config: AnchoredConfig) -> None:
@@ -406,9 +397,7 @@ class Anchored(Method[AnchoredConfig]):
 
 
 def _base(ctx: TaskContext) -> nn.Module:
-    if ctx.run.load_base is None:
-        raise ModelLoadError("anchored needs the runner's base-model loader (load_base)")
-    return ctx.run.load_base().to(ctx.device)
+    return ctx.run.base_loader("anchored")().to(ctx.device)
 
 
 def _split_like_student(model: nn.Module, student: nn.Module) -> nn.Module:

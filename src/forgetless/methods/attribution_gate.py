@@ -20,22 +20,17 @@ from forgetless.attribution.importance import (
     permuted_maps,
 )
 from forgetless.attribution.relevance import relevance_session
-from forgetless.contract.method import (
-    Capability,
-    Knob,
-    Method,
-    MethodConfig,
+from forgetless.contract.hooks import (
     MethodState,
-    Paper,
     ReduceOp,
     StepContext,
     TaskContext,
     TaskEndContext,
-    declare_method,
-    trainable_parameters,
 )
+from forgetless.contract.method import Capability, Knob, Method, MethodConfig, Paper, declare_method
 from forgetless.core import sharding
 from forgetless.core.dtypes import DTYPES
+from forgetless.core.modules import trainable_parameters
 from forgetless.tasks.formatting import collate
 
 
@@ -113,6 +108,7 @@ class AttributionGate(Method[AttributionGateConfig]):
     """
 
     carry_only = "keeps its map by parameter name"
+    unquantized = "propagates relevance through the base's weights, which 4-bit layers hide"
     knob = Knob("strength", keeps_more="higher", low=1e-3, high=1.0)
     """Under a budget: s in the gate 1 − s·R̄, rewritten in place when it moves."""
     smoke: ClassVar[dict[str, Any]] = {"max_samples": 4}

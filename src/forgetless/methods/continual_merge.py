@@ -11,16 +11,20 @@ a projection reads a whole tensor) and each increment is split like its weight a
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, TypeVar
 
 import torch
 from torch import nn
 
-from forgetless.contract.method import Stage, trainable_parameters
+from forgetless.contract.hooks import Stage
+from forgetless.contract.method import Method, MethodConfig
 from forgetless.contract.plan import TrainStats
 from forgetless.core import sharding
+from forgetless.core.modules import trainable_parameters
 
 Tensors = dict[str, torch.Tensor]
 Increment = Callable[[Tensors, Stage], Tensors]
+ConfigT = TypeVar("ConfigT", bound=MethodConfig)
 
 
 def write_back(params: Mapping[str, nn.Parameter], before: Tensors, increments: Tensors) -> None:
@@ -50,3 +54,22 @@ def train_then_merge(method: str, stage: Stage, increment: Increment) -> TrainSt
         }
     write_back(params, before, increment(deltas, stage))
     return stats
+
+
+class ContinualMerge(Method[ConfigT]):
+    """Base of the continual merge methods (declared ``TRAIN_STAGE``): each task trains from the
+    merged state through the shared loop, then the model takes the change ``increment`` makes of
+    the task's update. A subclass writes only ``increment`` and, when it keeps any, its state."""
+
+    carry_only: ClassVar[str | None] = "merges the trainable weights"
+
+    def increment(self, deltas: Tensors, details: dict[str, Any]) -> Tensors:
+        """The change ``ι_t`` for the task's updates ``Δ_t`` (by weight name); what it measures
+        on the way goes into ``details``, which lands in the task's ``TrainStats.details``."""
+        raise NotImplementedError
+
+    def train_task(self, stage: Stage) -> TrainStats:
+        details: dict[str, Any] = {}
+        stats = train_then_merge(self.name, stage, lambda d, _: self.increment(d, details))
+        stats.details.update(details)
+        return stats

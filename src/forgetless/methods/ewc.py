@@ -9,21 +9,10 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from forgetless.contract.method import (
-    Batch,
-    Capability,
-    Knob,
-    Method,
-    MethodConfig,
-    MethodState,
-    Paper,
-    ReduceOp,
-    StepContext,
-    TaskEndContext,
-    declare_method,
-    trainable_parameters,
-)
+from forgetless.contract.hooks import Batch, MethodState, ReduceOp, StepContext, TaskEndContext
+from forgetless.contract.method import Capability, Knob, Method, MethodConfig, Paper, declare_method
 from forgetless.core import distributed, sharding
+from forgetless.core.modules import trainable_parameters
 from forgetless.engine.loop import causal_lm_loss
 from forgetless.tasks.formatting import Features, collate
 

@@ -12,13 +12,8 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from forgetless.contract.method import (
-    Capability,
-    Method,
-    MethodConfig,
-    TaskContext,
-    declare_method,
-)
+from forgetless.contract.hooks import TaskContext
+from forgetless.contract.method import Capability, Method, MethodConfig, declare_method
 from forgetless.errors import ConfigError
 
 LAYER_PATTERN = re.compile(r"(?:^|\.)layers\.(\d+)\.")

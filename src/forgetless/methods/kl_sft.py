@@ -8,18 +8,9 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from forgetless.contract.method import (
-    Batch,
-    Capability,
-    Knob,
-    Method,
-    MethodConfig,
-    Paper,
-    StepContext,
-    TaskContext,
-    declare_method,
-)
-from forgetless.errors import ModelLoadError
+from forgetless.contract.hooks import Batch, StepContext, TaskContext
+from forgetless.contract.method import Capability, Knob, Method, MethodConfig, Paper, declare_method
+from forgetless.core.modules import freeze
 from forgetless.eval import metrics
 from forgetless.tasks.formatting import IGNORE_INDEX
 
@@ -43,14 +34,6 @@ def token_kl(
     if direction == "model_to_base":
         return metrics.token_kl(logp, logq, mask)
     return metrics.token_kl(logq, logp, mask)
-
-
-def freeze(model: nn.Module) -> nn.Module:
-    """Eval mode, no gradients: a fixed teacher."""
-    model.eval()
-    for param in model.parameters():
-        param.requires_grad_(False)
-    return model
 
 
 class KLSFTConfig(MethodConfig):
@@ -90,6 +73,7 @@ class KLSFT(Method[KLSFTConfig]):
 
     # Runs beside FSDP2 shards: the frozen reference stays whole on each process.
     unsharded = None
+    unquantized = "loads a second, full-precision copy of the base as its reference"
     knob = Knob("beta", keeps_more="higher", low=1e-4, high=1e3)
     """Under a budget: β, the KL weight."""
     smoke: ClassVar[dict[str, Any]] = {"beta": 0.1}
@@ -100,11 +84,7 @@ class KLSFT(Method[KLSFTConfig]):
 
     def on_task_start(self, ctx: TaskContext) -> None:
         if self.reference is None:
-            if ctx.run.load_base is None:
-                raise ModelLoadError(
-                    "kl_sft needs the runner's base-model loader (RunInfo.load_base)"
-                )
-            self.reference = freeze(ctx.run.load_base()).to(ctx.device)
+            self.reference = freeze(ctx.run.base_loader(self.name)()).to(ctx.device)
 
     def loss_terms(self, batch: Batch, outputs: Any, ctx: StepContext) -> dict[str, torch.Tensor]:
         assert self.reference is not None, "on_task_start builds the reference"

@@ -6,15 +6,8 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from forgetless.contract.method import (
-    Capability,
-    Knob,
-    Method,
-    MethodConfig,
-    Paper,
-    Stage,
-    declare_method,
-)
+from forgetless.contract.hooks import Stage
+from forgetless.contract.method import Capability, Knob, Method, MethodConfig, Paper, declare_method
 from forgetless.contract.plan import TrainStats
 
 

@@ -7,7 +7,8 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from forgetless.contract.method import Capability, Method, MethodConfig, Stage, declare_method
+from forgetless.contract.hooks import Stage
+from forgetless.contract.method import Capability, Method, MethodConfig, declare_method
 from forgetless.contract.plan import TrainStats
 from forgetless.tasks.base import Task
 from forgetless.tasks.formatting import Features, encode_example

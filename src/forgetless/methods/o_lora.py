@@ -15,15 +15,8 @@ from peft.tuners.lora import LoraLayer
 from pydantic import Field
 from torch import Tensor, nn
 
-from forgetless.contract.method import (
-    Capability,
-    Method,
-    MethodConfig,
-    Paper,
-    StepContext,
-    TaskContext,
-    declare_method,
-)
+from forgetless.contract.hooks import StepContext, TaskContext
+from forgetless.contract.method import Capability, Method, MethodConfig, Paper, declare_method
 from forgetless.core import distributed, sharding
 
 # --- the math ---------------------------------------------------------------------------------

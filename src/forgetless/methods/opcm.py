@@ -6,20 +6,12 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from forgetless.contract.method import (
-    Capability,
-    Method,
-    MethodConfig,
-    MethodState,
-    Paper,
-    Stage,
-    declare_method,
-)
-from forgetless.contract.plan import TrainStats
+from forgetless.contract.hooks import MethodState
+from forgetless.contract.method import Capability, MethodConfig, Paper, declare_method
 from forgetless.merging.blocks import is_block_matrix
 from forgetless.merging.config import OPCMParams
 from forgetless.merging.opcm import opcm_accumulate, opcm_lambda
-from forgetless.methods.continual_merge import Tensors, kept_whole, train_then_merge
+from forgetless.methods.continual_merge import ContinualMerge, Tensors, kept_whole
 
 
 class OPCMConfig(MethodConfig, OPCMParams):
@@ -38,7 +30,7 @@ class OPCMConfig(MethodConfig, OPCMParams):
         "arXiv:2501.09522",
     ),
 )
-class OPCM(Method[OPCMConfig]):
+class OPCM(ContinualMerge[OPCMConfig]):
     """OPCM (Tang et al. 2025, "Merging Models on the Fly Without Retraining: A Sequential
     Approach to Scalable Continual Model Merging", arXiv:2501.09522) run continually: task t
     trains from the merged state; per weight matrix its update is projected onto the orthogonal
@@ -47,7 +39,6 @@ class OPCM(Method[OPCMConfig]):
     State: R (one copy of the trainable weights), the task norms and λ.
     """
 
-    carry_only = "merges the trainable weights"
     smoke: ClassVar[dict[str, Any]] = {"alpha": 0.5}
     unsharded = None  # the shared merge wiring hands it whole updates on a sharded model
 
@@ -57,34 +48,27 @@ class OPCM(Method[OPCMConfig]):
         self.task_norms: list[float] = []
         self.lam = 1.0
 
-    def train_task(self, stage: Stage) -> TrainStats:
-        details: dict[str, Any] = {}
-
-        def increment(deltas: Tensors, _: Stage) -> Tensors:
-            norm = sum(float(d.pow(2).sum()) for d in deltas.values()) ** 0.5
-            new = {
-                n: opcm_accumulate(
-                    self.accumulated[n].to(d.device) if n in self.accumulated else None,
-                    d,
-                    self.config.alpha,
-                    is_block_matrix(n, d),
-                )
-                for n, d in deltas.items()
-            }
-            norms = [*self.task_norms, norm]
-            lam = opcm_lambda(sum(float(r.pow(2).sum()) for r in new.values()) ** 0.5, norms)
-            out = {}
-            for n, r in new.items():
-                old = self.accumulated.get(n)
-                out[n] = r / lam - (0 if old is None else old.to(r.device) / self.lam)
-            self.accumulated = {n: r.detach().cpu() for n, r in new.items()}
-            self.task_norms, self.lam = norms, lam
-            details.update(opcm_lambda=lam, task_norm=norm)
-            return out
-
-        stats = train_then_merge(self.name, stage, increment)
-        stats.details.update(details)
-        return stats
+    def increment(self, deltas: Tensors, details: dict[str, Any]) -> Tensors:
+        norm = sum(float(d.pow(2).sum()) for d in deltas.values()) ** 0.5
+        new = {
+            n: opcm_accumulate(
+                self.accumulated[n].to(d.device) if n in self.accumulated else None,
+                d,
+                self.config.alpha,
+                is_block_matrix(n, d),
+            )
+            for n, d in deltas.items()
+        }
+        norms = [*self.task_norms, norm]
+        lam = opcm_lambda(sum(float(r.pow(2).sum()) for r in new.values()) ** 0.5, norms)
+        out = {}
+        for n, r in new.items():
+            old = self.accumulated.get(n)
+            out[n] = r / lam - (0 if old is None else old.to(r.device) / self.lam)
+        self.accumulated = {n: r.detach().cpu() for n, r in new.items()}
+        self.task_norms, self.lam = norms, lam
+        details.update(opcm_lambda=lam, task_norm=norm)
+        return out
 
     def state_dict(self) -> MethodState:
         return {

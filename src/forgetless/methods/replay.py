@@ -1,13 +1,16 @@
-"""Experience replay: a reservoir-sampled episodic memory mixed into every training batch."""
+"""Experience replay: a reservoir-sampled episodic memory of past tasks, and general data from
+outside the sequence, mixed into every training batch."""
 
 from __future__ import annotations
 
 import random
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 
+from forgetless.config.schema import EvalConfig, HFSource, JsonlSource, TaskConfig
 from forgetless.contract.method import (
     Capability,
     Knob,
@@ -16,10 +19,16 @@ from forgetless.contract.method import (
     MethodState,
     Paper,
     StepContext,
+    TaskContext,
     TaskEndContext,
     declare_method,
 )
-from forgetless.tasks.formatting import Features
+from forgetless.errors import DataError
+from forgetless.strict import StrictModel
+from forgetless.tasks.base import Example
+from forgetless.tasks.formatting import Features, encode_training_set
+from forgetless.tasks.general import prose_paragraphs
+from forgetless.tasks.loaders import build_task
 
 # --- pure math / data -------------------------------------------------------------------------
 
@@ -64,11 +73,29 @@ def mix_batch(
     The batch is already a random draw of the current task, so its first examples are kept and the
     rest replaced; buffer examples are drawn without replacement when the buffer is big enough.
     """
-    k = replay_count(len(features), ratio, len(buffer))
-    if k == 0:
-        return list(features)
-    drawn = rng.sample(list(buffer), k) if k <= len(buffer) else rng.choices(list(buffer), k=k)
-    return [*features[: len(features) - k], *drawn]
+    return mix_sources(features, [(buffer, ratio)], rng)
+
+
+def mix_sources(
+    features: Sequence[Features],
+    pools: Sequence[tuple[Sequence[Features], float]],
+    rng: random.Random,
+) -> list[Features]:
+    """Replace a share of ``features`` with draws from each ``(pool, ratio)`` in turn.
+
+    Pool ``i`` gets ``round(ratio_i * len(features))`` slots (none while it is empty), capped by
+    the slots still free; the current task's first examples fill the rest, then each pool's
+    draws follow in order (without replacement when the pool is big enough).
+    """
+    free, counts = len(features), []
+    for pool, ratio in pools:
+        counts.append(min(free, replay_count(len(features), ratio, len(pool))))
+        free -= counts[-1]
+    out = list(features[:free])
+    for (pool, _), k in zip(pools, counts, strict=True):
+        if k:
+            out += rng.sample(list(pool), k) if k <= len(pool) else rng.choices(list(pool), k=k)
+    return out
 
 
 def seeded_rng(*parts: int | str) -> random.Random:
@@ -80,7 +107,93 @@ def copy_features(features: Features) -> Features:
     return {key: [int(v) for v in values] for key, values in features.items()}
 
 
+# --- general data ------------------------------------------------------------------------------
+
+PROSE = "prose"
+PROSE_HELD_OUT: int = EvalConfig.model_fields["prose_kl_paragraphs"].default
+"""The first prose paragraphs, on which a run (``eval.prose_kl_paragraphs`` at its default) and
+``forgetless check`` measure KL to the base: never replayed, so that KL stays held out."""
+DATASET_FILES = ("*.jsonl", "*.json", "*.parquet", "*.csv", "*.arrow")
+
+
+def general_source_problem(source: str) -> str | None:
+    """Why ``source`` cannot be read as general data, or None: ``prose``, a JSONL file, or a
+    folder holding a ``save_to_disk`` dataset or data files."""
+    if source == PROSE:
+        return None
+    path = Path(source).expanduser()
+    if path.is_file():
+        return None
+    if not path.is_dir():
+        return f"no such file or folder: {path} (or {PROSE!r}, the built-in prose corpus)"
+    saved = (path / "state.json").is_file() or (path / "dataset_dict.json").is_file()
+    if saved or any(next(path.rglob(pattern), None) for pattern in DATASET_FILES):
+        return None
+    return f"{path} holds no dataset (a save_to_disk folder, or json/jsonl/parquet/csv files)"
+
+
+def read_general_examples(source: str, limit: int) -> list[Example]:
+    """The first ``limit`` examples of a JSONL file or a dataset folder, read by the task
+    loaders (prompt/completion, chat ``messages`` or multiple-choice records)."""
+    path = Path(source).expanduser()
+    if path.is_file():
+        task = TaskConfig(name="general", jsonl=JsonlSource(train=path, eval=path))
+    else:  # the whole train split (also taken as the eval split, which nothing reads)
+        task = TaskConfig(name="general", hf=HFSource(path=str(path), eval_split="train"))
+    return build_task(task, EvalConfig(n_eval=1, n_train=limit), seed=0).train
+
+
+def encode_plain_text(tokenizer: Any, texts: Iterable[str], max_length: int) -> list[Features]:
+    """Plain text with the loss on every token (language modelling, no chat template), each cut
+    to ``max_length`` tokens; a text under two tokens teaches nothing and is left out."""
+    out = []
+    for text in texts:
+        ids = [int(i) for i in tokenizer(text, add_special_tokens=False)["input_ids"]][:max_length]
+        if len(ids) >= 2:
+            out.append({"input_ids": ids, "labels": list(ids)})
+    return out
+
+
+def general_features(source: str, tokenizer: Any, max_length: int, limit: int) -> list[Features]:
+    """General data as training features: the prose corpus past its held-out paragraphs as plain
+    text, or a file's or folder's examples with the completion-only loss of a task."""
+    if source == PROSE:
+        paragraphs = prose_paragraphs()[PROSE_HELD_OUT:][:limit]
+        features = encode_plain_text(tokenizer, paragraphs, max_length)
+    else:
+        examples = read_general_examples(source, limit)
+        where = f"method.general.source {source}:"
+        features, _ = encode_training_set(tokenizer, examples, max_length, where)
+    if not features:
+        raise DataError(f"method.general.source {source}: no example to replay")
+    return features
+
+
 # --- hook wiring -------------------------------------------------------------------------------
+
+
+class GeneralReplay(StrictModel):
+    """Where general data comes from and what share of each batch it takes."""
+
+    source: str = Field(
+        description="'prose' (the shipped prose corpus, less the paragraphs KL is measured on), "
+        "a JSONL file (prompt/completion or messages per line), or a dataset folder "
+        "(datasets save_to_disk, or json/jsonl/parquet/csv files)."
+    )
+    ratio: float = Field(
+        0.25, gt=0.0, le=1.0, description="Fraction of each micro-batch replaced by general data."
+    )
+    max_examples: int = Field(
+        1000, ge=1, description="General examples kept to draw from (the source's first ones)."
+    )
+
+    @field_validator("source")
+    @classmethod
+    def _readable(cls, value: str) -> str:
+        problem = general_source_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
 
 
 class ReplayConfig(MethodConfig):
@@ -100,6 +213,24 @@ class ReplayConfig(MethodConfig):
         lt=2**32,
         description="Seed of the reservoir and the replay draws (with the run's).",
     )
+    past_tasks: bool = Field(
+        True, description="Replay the memory of past tasks (false: general data only)."
+    )
+    general: GeneralReplay | None = Field(
+        None,
+        description="General data from outside the sequence, mixed into every batch beside or "
+        "instead of past tasks: {source: prose|PATH, ratio: 0.25}.",
+    )
+
+    @model_validator(mode="after")
+    def _something_to_replay(self) -> ReplayConfig:
+        if not self.past_tasks and self.general is None:
+            raise ValueError("past_tasks: false needs general: {source: ...}; nothing to replay")
+        if self.past_tasks and self.general and self.ratio + self.general.ratio > 1:
+            raise ValueError(
+                f"ratio {self.ratio} + general.ratio {self.general.ratio} exceed the whole batch"
+            )
+        return self
 
 
 @declare_method(
@@ -121,6 +252,14 @@ class Replay(Method[ReplayConfig]):
     examples, drawn from an RNG seeded by (run seed, ``seed``, task, step, micro-batch), so a
     resumed run replays exactly what an uninterrupted one does. The memory and the reservoir's
     count are the method's state.
+
+    ``general`` mixes data from outside the sequence (the shipped prose, a JSONL file, a dataset
+    folder) into every batch from the first task on, at its own ratio, beside the memory or, with
+    ``past_tasks: false``, instead of it: the replay of pretraining-like data that Ibrahim et al.
+    2024, "Simple and Scalable Strategies to Continually Pre-train Large Language Models"
+    (arXiv:2403.08763), find keeps forgetting down. The general examples are read and encoded on
+    the first batch and drawn from the same seeded RNG after the memory's; they are no state,
+    since the source gives them back. The bench's ``replay-general`` is this with the prose.
     """
 
     unsharded = None  # its memory holds examples, not weights: runs on FSDP2 shards
@@ -135,15 +274,30 @@ class Replay(Method[ReplayConfig]):
         self.seen = 0
         self._step_key: tuple[int, int] | None = None
         self._micro = 0
+        self.general: list[Features] | None = None
+        """The encoded general examples (read on the first batch)."""
 
     def transform_batch(self, features: list[Features], ctx: StepContext) -> list[Features]:
         key = (ctx.task.task_index, ctx.step)
         self._micro = self._micro + 1 if key == self._step_key else 0  # grad-accum micro-batches
         self._step_key = key
         rng = seeded_rng("replay", ctx.task.run.seed, self.config.seed, *key, self._micro)
-        return mix_batch(features, self.buffer, self.config.ratio, rng)
+        pools = [(self.buffer, self.config.ratio)] if self.config.past_tasks else []
+        if self.config.general is not None:
+            pools.append((self._general_pool(ctx.task), self.config.general.ratio))
+        return mix_sources(features, pools, rng)
+
+    def _general_pool(self, task: TaskContext) -> list[Features]:
+        general = self.config.general
+        if self.general is None and general is not None:
+            self.general = general_features(
+                general.source, task.tokenizer, task.run.max_length, general.max_examples
+            )
+        return self.general or []
 
     def on_task_end(self, ctx: TaskEndContext) -> None:
+        if not self.config.past_tasks:
+            return
         task = ctx.task
         rng = seeded_rng("reservoir", task.run.seed, self.config.seed, task.task_index)
         items = (copy_features(f) for f in task.train_features)

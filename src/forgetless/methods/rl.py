@@ -14,14 +14,8 @@ from pydantic import Field
 from torch import nn
 from transformers import PrinterCallback, TrainerCallback
 
-from forgetless.contract.method import (
-    Capability,
-    Method,
-    MethodConfig,
-    Paper,
-    Stage,
-    declare_method,
-)
+from forgetless.contract.hooks import Stage
+from forgetless.contract.method import Capability, Method, MethodConfig, Paper, declare_method
 from forgetless.contract.plan import TrainStats
 from forgetless.engine.loop import steps_for_epochs
 from forgetless.engine.resources import peak_memory_mb
@@ -193,6 +187,7 @@ class RL(Method[RLConfig]):
         "group_size": 2,
         "beta": 0.1,
     }
+    unquantized = "merges the adapters into a copy of the base's weights for its RL stage"
     unsharded = (
         "trains through TRL's GRPOTrainer, which shards through accelerate's own FSDP "
         "preparation (GPU-family devices only), not on a model forgetless has already split"

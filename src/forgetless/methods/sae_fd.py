@@ -19,23 +19,12 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor
 
-from forgetless.contract.method import (
-    Batch,
-    Capability,
-    Knob,
-    Method,
-    MethodConfig,
-    MethodState,
-    Paper,
-    StepContext,
-    TaskContext,
-    TaskEndContext,
-    declare_method,
-)
+from forgetless.contract.hooks import Batch, MethodState, StepContext, TaskContext, TaskEndContext
+from forgetless.contract.method import Capability, Knob, Method, MethodConfig, Paper, declare_method
 from forgetless.core import distributed
 from forgetless.core.dtypes import DTYPES
 from forgetless.engine.loop import causal_lm_loss
-from forgetless.errors import ConfigError, ModelLoadError
+from forgetless.errors import ConfigError
 from forgetless.sae.activations import (
     MLPTap,
     TrainedSAE,
@@ -587,8 +576,7 @@ class SAEFD(Method[SAEFDConfig]):
                 **_summary(read_sae_record(folder)),
             }
             return sae
-        if ctx.run.load_base is None:
-            raise ModelLoadError("sae_fd needs the runner's base-model loader (RunInfo.load_base)")
+        load_base = ctx.run.base_loader(self.name)
         settings = self.config.sae
         if settings.tasks is None:  # the base's general data, not the sequence's own tasks
             settings = settings.model_copy(
@@ -598,10 +586,10 @@ class SAEFD(Method[SAEFDConfig]):
             folder = ctx.run.out_dir / "sae"
             base = None
         else:
-            base = ctx.run.load_base()
+            base = load_base()
             fingerprint = model_fingerprint(base, ctx.tokenizer)
             folder = shared_sae_dir(fingerprint, settings, ctx.run.max_length)
-        loader = ctx.run.load_base if base is None else (lambda: base)
+        loader = load_base if base is None else (lambda: base)
         got: TrainedSAE = distributed.main_first(
             lambda: ensure_sae(
                 folder, loader, ctx.tokenizer, settings, ctx.run.max_length, ctx.device

@@ -18,14 +18,8 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from forgetless.contract.method import (
-    Capability,
-    Knob,
-    Method,
-    MethodConfig,
-    Stage,
-    declare_method,
-)
+from forgetless.contract.hooks import Stage
+from forgetless.contract.method import Capability, Knob, Method, MethodConfig, declare_method
 from forgetless.contract.plan import TrainStats
 from forgetless.eval.scorers import score_task
 from forgetless.tasks.base import Example, Task

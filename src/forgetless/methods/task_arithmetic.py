@@ -6,17 +6,9 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from forgetless.contract.method import (
-    Capability,
-    Method,
-    MethodConfig,
-    Paper,
-    Stage,
-    declare_method,
-)
-from forgetless.contract.plan import TrainStats
+from forgetless.contract.method import Capability, MethodConfig, Paper, declare_method
 from forgetless.merging.config import TaskArithmeticParams
-from forgetless.methods.continual_merge import Tensors, train_then_merge
+from forgetless.methods.continual_merge import ContinualMerge, Tensors
 
 
 class TaskArithmeticConfig(MethodConfig, TaskArithmeticParams):
@@ -31,21 +23,14 @@ class TaskArithmeticConfig(MethodConfig, TaskArithmeticParams):
     capabilities={Capability.TRAIN_STAGE},
     paper=Paper("Editing Models with Task Arithmetic", "Ilharco et al.", 2023, "ICLR"),
 )
-class TaskArithmetic(Method[TaskArithmeticConfig]):
+class TaskArithmetic(ContinualMerge[TaskArithmeticConfig]):
     """Task arithmetic (Ilharco et al. 2023, "Editing Models with Task Arithmetic", ICLR) run
     continually: task t trains from the merged state θ_{t−1}; its update Δ_t enters as
     θ_t = θ_{t−1} + λ Δ_t, i.e. θ_t = θ_0 + λ Σ_{i≤t} Δ_i. Keeps no state beyond the model.
     """
 
-    carry_only = "merges the trainable weights"
     smoke: ClassVar[dict[str, Any]] = {"scaling": 0.5}
     unsharded = None  # θ ← θ + λΔ is element-wise: it runs on each process's shards
 
-    def __init__(self, config: TaskArithmeticConfig) -> None:
-        super().__init__(config)
-
-    def train_task(self, stage: Stage) -> TrainStats:
-        def increment(deltas: Tensors, _: Stage) -> Tensors:
-            return {n: self.config.scaling * d for n, d in deltas.items()}
-
-        return train_then_merge(self.name, stage, increment)
+    def increment(self, deltas: Tensors, details: dict[str, Any]) -> Tensors:
+        return {n: self.config.scaling * d for n, d in deltas.items()}

@@ -7,19 +7,11 @@ from typing import Any, ClassVar, Literal
 import torch
 from pydantic import Field
 
-from forgetless.contract.method import (
-    Capability,
-    Method,
-    MethodConfig,
-    MethodState,
-    Paper,
-    Stage,
-    declare_method,
-)
-from forgetless.contract.plan import TrainStats
+from forgetless.contract.hooks import MethodState
+from forgetless.contract.method import Capability, MethodConfig, Paper, declare_method
 from forgetless.merging.config import TiesParams
 from forgetless.merging.ties import ties_merge
-from forgetless.methods.continual_merge import Tensors, kept_whole, train_then_merge
+from forgetless.methods.continual_merge import ContinualMerge, Tensors, kept_whole
 
 
 class TiesConfig(MethodConfig, TiesParams):
@@ -34,7 +26,7 @@ class TiesConfig(MethodConfig, TiesParams):
         "TIES-Merging: Resolving Interference When Merging Models", "Yadav et al.", 2023, "NeurIPS"
     ),
 )
-class Ties(Method[TiesConfig]):
+class Ties(ContinualMerge[TiesConfig]):
     """TIES-merging (Yadav et al. 2023, "TIES-Merging: Resolving Interference When Merging
     Models", NeurIPS) run continually: after task t the model is θ_0 + λ·TIES(Δ_1, …, Δ_t), each
     Δ_i the update of task i from the merged state it started at. Applied as the change
@@ -42,7 +34,6 @@ class Ties(Method[TiesConfig]):
     trainable weights is kept (on the CPU, and in the checkpoint's method state).
     """
 
-    carry_only = "merges the trainable weights"
     smoke: ClassVar[dict[str, Any]] = {"density": 0.5}
     unsharded = None  # the shared merge wiring hands it whole updates on a sharded model
 
@@ -57,20 +48,17 @@ class Ties(Method[TiesConfig]):
         cfg = self.config
         return ties_merge(vectors, cfg.density, None, cfg.convention, cfg.normalize)
 
-    def train_task(self, stage: Stage) -> TrainStats:
-        def increment(deltas: Tensors, _: Stage) -> Tensors:
-            previous = len(self.updates)
-            self.updates.append({n: d.detach().cpu() for n, d in deltas.items()})
-            out = {}
-            for name, delta in deltas.items():
-                now = self._merged(name, previous + 1, delta.device)
-                before = self._merged(name, previous, delta.device)
-                assert now is not None
-                change = now if before is None else now - before
-                out[name] = self.config.scaling * change
-            return out
-
-        return train_then_merge(self.name, stage, increment)
+    def increment(self, deltas: Tensors, details: dict[str, Any]) -> Tensors:
+        previous = len(self.updates)
+        self.updates.append({n: d.detach().cpu() for n, d in deltas.items()})
+        out = {}
+        for name, delta in deltas.items():
+            now = self._merged(name, previous + 1, delta.device)
+            before = self._merged(name, previous, delta.device)
+            assert now is not None
+            change = now if before is None else now - before
+            out[name] = self.config.scaling * change
+        return out
 
     def state_dict(self) -> MethodState:
         return {"updates": {str(i): dict(u) for i, u in enumerate(self.updates)}}

@@ -15,9 +15,11 @@ from transformers import (
 from transformers.utils import logging as hf_logging
 
 from forgetless.config.schema import ModelConfig
+from forgetless.core import hub
 from forgetless.core.dtypes import DTYPES
 from forgetless.errors import ModelLoadError
 from forgetless.models.gguf import converted_model_dir
+from forgetless.models.quantized import prepare_quantized, quantized_load_kwargs
 
 
 def _looks_local(name: str) -> bool:
@@ -97,12 +99,28 @@ def _check_spells(tokenizer: Any, source: str) -> None:
         raise _no_tokenizer(source, "has a tokenizer that spells no text: its files are missing")
 
 
+def cache_only(source: str, cfg: ModelConfig) -> bool:
+    """Whether the hub id ``source`` must be read from the cache alone (offline, or the hub out
+    of reach); one that is not cached then is refused at once (``forgetless.core.hub``)."""
+    if Path(source).expanduser().exists():
+        return False
+    why = hub.why_unreachable()
+    if why is None:
+        return False
+    if not hub.model_cached(source, cfg.revision):
+        raise ModelLoadError(hub.not_cached(f"model.name_or_path: {source!r}", why))
+    return True
+
+
 def load_tokenizer(source: str, cfg: ModelConfig) -> Any:
     check_tokenizer_files(source, cfg)
     loader: Any = PreTrainedTokenizerFast if _declares_generic_tokenizer(source) else AutoTokenizer
     try:
         tokenizer = loader.from_pretrained(
-            source, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code
+            source,
+            revision=cfg.revision,
+            trust_remote_code=cfg.trust_remote_code,
+            local_files_only=cache_only(source, cfg),
         )
     except (OSError, ValueError) as err:
         raise ModelLoadError(
@@ -126,17 +144,54 @@ def load_model(source: str, cfg: ModelConfig) -> PreTrainedModel:
         "revision": cfg.revision,
         "trust_remote_code": cfg.trust_remote_code,
         "use_safetensors": True,  # never unpickle weights (pytorch_model.bin can run code)
+        "local_files_only": cache_only(source, cfg),
     }
     if cfg.attn_implementation:
         kwargs["attn_implementation"] = cfg.attn_implementation
+    kwargs.update(quantized_load_kwargs(cfg))
     try:
-        model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+        model = _from_pretrained(source, kwargs)
     except (OSError, ValueError) as err:
         raise ModelLoadError(
             f"model.name_or_path: cannot load model from {source!r}: {_first_line(err)}"
         ) from None
+    if cfg.quantization is not None:
+        model = prepare_quantized(model)
     model.eval()
     return model
+
+
+SDPA_REFUSED = "scaled_dot_product_attention"
+"""What transformers' refusal of sdpa for a model without that kernel says."""
+
+
+def _from_pretrained(source: str, kwargs: dict[str, Any]) -> PreTrainedModel:
+    """The model, with eager attention where sdpa was asked for and the model has none (the
+    start-up lines say so: ``attention_note``)."""
+    try:
+        return AutoModelForCausalLM.from_pretrained(source, **kwargs)
+    except ValueError as err:
+        if kwargs.get("attn_implementation") != "sdpa" or SDPA_REFUSED not in str(err):
+            raise
+    return AutoModelForCausalLM.from_pretrained(
+        source, **{**kwargs, "attn_implementation": "eager"}
+    )
+
+
+def attention_in_use(model: Any) -> str | None:
+    """The attention implementation ``model`` runs (None: not a transformers model)."""
+    return getattr(getattr(model, "config", None), "_attn_implementation", None)
+
+
+def attention_note(cfg: ModelConfig, model: Any) -> str | None:
+    """A note when the model runs another attention than the one asked for."""
+    used, wanted = attention_in_use(model), cfg.attn_implementation
+    if wanted is None or used is None or used == wanted:
+        return None
+    return (
+        f"note: {type(model).__name__} has no {wanted} attention; it runs {used} "
+        "(model.attn_implementation)"
+    )
 
 
 def load_model_and_tokenizer(
@@ -146,6 +201,20 @@ def load_model_and_tokenizer(
     source = resolve_source(source or cfg.name_or_path or "")
     check_tokenizer_files(source, cfg)  # before a model that may take minutes to load
     return load_model(source, cfg), load_tokenizer(source, cfg)
+
+
+POSITION_ATTRIBUTES = ("max_position_embeddings", "n_positions", "max_sequence_length", "n_ctx")
+"""Where a model's config keeps its longest sequence, by architecture family."""
+
+
+def model_positions(model: Any) -> int | None:
+    """The longest sequence ``model`` takes in tokens, from its config (None: not declared)."""
+    config = getattr(model, "config", None)
+    for name in POSITION_ATTRIBUTES:
+        value = getattr(config, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
 
 
 def _first_line(err: BaseException) -> str:

@@ -37,6 +37,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
+from forgetless.core.modules import freeze
+
 WEIGHTS_FILE = "sae.safetensors"
 CONFIG_FILE = "sae_config.json"
 
@@ -181,14 +183,6 @@ def normalize_decoder_(sae: GatedSAE) -> None:
     """Rescale every decoder column to unit norm (in place), so the L1 cannot be dodged by
     shrinking the gate pre-activations and growing the decoder."""
     sae.W_dec.div_(sae.W_dec.norm(dim=0, keepdim=True).clamp_min(1e-8))
-
-
-def freeze(sae: GatedSAE) -> GatedSAE:
-    """Eval mode, no gradients: a fixed feature basis."""
-    sae.eval()
-    for param in sae.parameters():
-        param.requires_grad_(False)
-    return sae
 
 
 # --- files -------------------------------------------------------------------------------------

@@ -11,11 +11,11 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor
 
+from forgetless.core.modules import freeze
 from forgetless.sae.gated import (
     GatedSAE,
     GatedSAEConfig,
     encode,
-    freeze,
     gated_sae_loss,
     init_for_training_,
     normalize_decoder_,

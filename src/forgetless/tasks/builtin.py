@@ -33,6 +33,7 @@ from forgetless.config.evaluation import (
     NumericScorer,
     ScorerConfig,
 )
+from forgetless.core.registry import did_you_mean
 from forgetless.tasks.base import Example, Task
 from forgetless.tasks.general import GENERAL_PROBES, build_general_probe
 from forgetless.tasks.instruct import INSTRUCT_TASKS
@@ -321,6 +322,12 @@ def known_task_names() -> list[str]:
     return [*BUILTIN_TASKS, *INSTRUCT_TASKS, *GENERAL_PROBES]
 
 
+def unknown_task(name: str) -> str:
+    """The one line for a built-in task name that does not exist, with the closest one."""
+    known = known_task_names()
+    return f"unknown built-in task {name!r}; known: {', '.join(known)}{did_you_mean(name, known)}"
+
+
 def _splits(
     generate: Callable[[random.Random], Example], n_train: int, n_eval: int, rng: random.Random
 ) -> tuple[list[Example], list[Example]]:
@@ -337,7 +344,7 @@ def build_builtin_task(name: str, n_train: int, n_eval: int, seed: int) -> Task:
     is too small the splits are capped (eval keeps its share in proportion).
     """
     if name not in known_task_names():
-        raise KeyError(f"unknown built-in task {name!r}; known: {', '.join(known_task_names())}")
+        raise KeyError(unknown_task(name))
     if n_train < 0 or n_eval < 1:
         raise ValueError(f"need n_train >= 0 and n_eval >= 1, got {n_train}, {n_eval}")
     if name in GENERAL_PROBES:

@@ -50,6 +50,12 @@ def _prompt_and_completion(tokenizer: Any, example: Example) -> tuple[list[int],
     return prompt, [*_ids(tokenizer, example.completion), tokenizer.eos_token_id]
 
 
+def encoded_length(tokenizer: Any, example: Example) -> int:
+    """The tokens ``example`` takes as trained, prompt and completion, before any truncation."""
+    prompt, completion = _prompt_and_completion(tokenizer, example)
+    return len(prompt) + len(completion)
+
+
 def _truncate(prompt: list[int], completion: list[int], max_length: int) -> Features:
     ids = (prompt + completion)[:max_length]
     labels = ([IGNORE_INDEX] * len(prompt) + completion)[:max_length]

@@ -8,50 +8,64 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from forgetless.config.schema import EvalConfig, HFSource, JsonlSource, TaskConfig
+from forgetless.config.schema import (
+    DEFAULT_EVAL_FRACTION,
+    Columns,
+    EvalConfig,
+    HFSource,
+    JsonlSource,
+    TaskConfig,
+)
+from forgetless.core import hub
 from forgetless.errors import DataError
 from forgetless.tasks.base import Example, Task
-from forgetless.tasks.builtin import build_builtin_task, known_task_names
+from forgetless.tasks.builtin import build_builtin_task, known_task_names, unknown_task
 
 ROLES = {"system", "user", "assistant"}
 
 
-def example_from_record(
-    record: Any,
-    where: str,
-    columns: tuple[str, str, str | None],
-    choice_columns: tuple[str, str] = ("choices", "label"),
-) -> Example:
+def example_from_record(record: Any, where: str, columns: Columns, hint: str = "") -> Example:
     """Build an Example from a prompt/completion record or a chat ``messages`` record.
 
     A record with a choices column (a list of strings) and a label column (the index of the
     right choice) is a multiple-choice example; its completion defaults to the right choice.
+    A missing column is one line naming the columns the record has (and ``hint``: where to map
+    other names).
     """
-    prompt_col, completion_col, messages_col = columns
     if not isinstance(record, Mapping):
         raise DataError(f"{where}: expected an object, got {type(record).__name__}")
-    if record.get(choice_columns[0]) is not None:
-        return _choice_example(record, where, prompt_col, completion_col, choice_columns)
-    messages = record.get(messages_col or "messages")
+    if record.get(columns.choices) is not None:
+        return _choice_example(record, where, columns, hint)
+    messages = record.get(columns.messages)
     if messages is not None:
         return _chat_example(messages, where)
-    prompt, completion = record.get(prompt_col), record.get(completion_col)
-    if not isinstance(prompt, str) or not isinstance(completion, str):
-        raise DataError(
-            f"{where}: needs string fields {prompt_col!r} and {completion_col!r} (or 'messages')"
-        )
-    return Example(prompt=prompt, completion=completion)
+    prompt = _text(record, columns.prompt, where, hint)
+    return Example(prompt=prompt, completion=_text(record, columns.completion, where, hint))
 
 
-def _choice_example(
-    record: Mapping[str, Any],
-    where: str,
-    prompt_col: str,
-    completion_col: str,
-    choice_columns: tuple[str, str],
-) -> Example:
-    choices_col, label_col = choice_columns
-    choices, label, prompt = record[choices_col], record.get(label_col), record.get(prompt_col)
+def _text(record: Mapping[str, Any], column: str, where: str, hint: str) -> str:
+    value = record.get(column)
+    if isinstance(value, str):
+        return value
+    if column not in record:
+        found = _column_names(record)
+        raise DataError(f"{where}: no column {column!r}; found: {found}{hint}")
+    raise DataError(f"{where}: column {column!r} holds {type(value).__name__}, not text")
+
+
+SHOWN_COLUMNS = 12
+
+
+def _column_names(record: Mapping[str, Any]) -> str:
+    """The record's column names for an error line: the first few, each on one line."""
+    names = [" ".join(str(k).split())[:40] for k in list(record)[:SHOWN_COLUMNS]]
+    more = ", ..." if len(record) > SHOWN_COLUMNS else ""
+    return ", ".join(names) + more if names else "none"
+
+
+def _choice_example(record: Mapping[str, Any], where: str, columns: Columns, hint: str) -> Example:
+    choices_col, label_col = columns.choices, columns.label
+    choices, label = record[choices_col], record.get(label_col)
     if (
         not isinstance(choices, list)
         or len(choices) < 2
@@ -62,9 +76,8 @@ def _choice_example(
         raise DataError(
             f"{where}: {label_col!r} must be the index of the right choice (0..{len(choices) - 1})"
         )
-    if not isinstance(prompt, str):
-        raise DataError(f"{where}: needs a string field {prompt_col!r}")
-    completion = record.get(completion_col)
+    prompt = _text(record, columns.prompt, where, hint)
+    completion = record.get(columns.completion)
     if not isinstance(completion, str):
         completion = choices[label]
     return Example(prompt=prompt, completion=completion, choices=tuple(choices), label=label)
@@ -88,10 +101,12 @@ def _chat_example(messages: Any, where: str) -> Example:
     return Example(prompt=prompt, completion=turns[-1]["content"], messages=turns)
 
 
-def read_jsonl(
-    path: Path, columns: tuple[str, str, str | None] = ("prompt", "completion", None)
-) -> list[Example]:
+JSONL_HINT = " (map them with columns: {prompt: ..., completion: ...})"
+
+
+def read_jsonl(path: Path, columns: Columns | None = None) -> list[Example]:
     """Read examples from JSONL; a broken line is a DataError naming file and line number."""
+    columns = columns or Columns()
     if not path.is_file():
         raise DataError(f"data file not found: {path}")
     examples = []
@@ -112,7 +127,7 @@ def read_jsonl(
                 ) from None
             except (ValueError, RecursionError) as err:  # e.g. a 5000-digit number, deep nesting
                 raise DataError(f"{where}: invalid JSON ({type(err).__name__})") from None
-            examples.append(example_from_record(record, where, columns))
+            examples.append(example_from_record(record, where, columns, JSONL_HINT))
     if not examples:
         raise DataError(f"{path}: no examples")
     return examples
@@ -132,16 +147,46 @@ def _split(
     ]
 
 
-def _jsonl_splits(src: JsonlSource, seed: int) -> tuple[list[Example], list[Example]]:
-    train = read_jsonl(src.train)
+def _held_out(
+    examples: list[Example], fraction: float | None, seed: int, probe: bool
+) -> tuple[list[Example], list[Example]]:
+    """A probe's examples are all evaluated unless a fraction is asked for; a task's are split."""
+    if probe and fraction is None:
+        return [], examples
+    return _split(examples, fraction or DEFAULT_EVAL_FRACTION, seed)
+
+
+def _jsonl_splits(src: JsonlSource, seed: int, probe: bool) -> tuple[list[Example], list[Example]]:
+    train = read_jsonl(src.train, src.columns)
     if src.eval is not None:
-        return train, read_jsonl(src.eval)
-    return _split(train, src.eval_fraction, seed)
+        return train, read_jsonl(src.eval, src.columns)
+    return _held_out(train, src.eval_fraction, seed, probe)
+
+
+COMMON_BUILDERS = ("arrow", "csv", "json", "pandas", "parquet", "text")
+
+
+def _hub_dataset(path: str) -> bool:
+    """Whether ``load_dataset(path)`` would ask the hub: not a builder, not a local path."""
+    from datasets import packaged_modules
+
+    builders = getattr(packaged_modules, "_PACKAGED_DATASETS_MODULES", COMMON_BUILDERS)
+    return path not in builders and not Path(path).expanduser().exists()
+
+
+def _check_reachable(src: HFSource) -> None:
+    """A hub dataset that cannot be downloaded now and is not cached: refused at once."""
+    if not _hub_dataset(src.path):
+        return
+    why = hub.why_unreachable(datasets=True)
+    if why is not None and not hub.dataset_cached(src.path):
+        raise DataError(hub.not_cached(f"dataset {src.path!r}", why))
 
 
 def _load_hf_split(src: HFSource, split: str) -> Iterable[Mapping[str, Any]]:
     import datasets
 
+    _check_reachable(src)
     try:
         local = Path(src.path)
         if (local / "dataset_dict.json").is_file() or (local / "state.json").is_file():
@@ -158,37 +203,55 @@ def _load_hf_split(src: HFSource, split: str) -> Iterable[Mapping[str, Any]]:
         raise DataError(f"dataset {src.path!r} split {split!r}: {first}") from None
 
 
-def _hf_splits(src: HFSource, seed: int) -> tuple[list[Example], list[Example]]:
-    columns = (src.prompt_column, src.completion_column, src.messages_column)
-    choice_columns = (src.choices_column or "choices", src.label_column or "label")
+HF_HINT = " (name others with prompt_column and completion_column)"
+
+
+def _hf_columns(src: HFSource) -> Columns:
+    return Columns(
+        prompt=src.prompt_column,
+        completion=src.completion_column,
+        messages=src.messages_column or "messages",
+        choices=src.choices_column or "choices",
+        label=src.label_column or "label",
+    )
+
+
+def _hf_splits(src: HFSource, seed: int, probe: bool) -> tuple[list[Example], list[Example]]:
+    columns = _hf_columns(src)
 
     def convert(split: str) -> list[Example]:
         rows = _load_hf_split(src, split)
         return [
-            example_from_record(r, f"{src.path}[{split}][{i}]", columns, choice_columns)
+            example_from_record(r, f"{src.path}[{split}][{i}]", columns, HF_HINT)
             for i, r in enumerate(rows)
         ]
 
     train = convert(src.train_split)
     if src.eval_split is not None:
         return train, convert(src.eval_split)
-    return _split(train, src.eval_fraction, seed)
+    return _held_out(train, src.eval_fraction, seed, probe)
 
 
-def build_task(cfg: TaskConfig, eval_cfg: EvalConfig, seed: int) -> Task:
-    """Materialise one configured task with its caps on train and eval sizes."""
+USER_MAX_NEW_TOKENS = 64
+"""The generation budget of a JSONL or Hugging Face task that sets no ``max_new_tokens``."""
+
+
+def build_task(cfg: TaskConfig, eval_cfg: EvalConfig, seed: int, probe: bool = False) -> Task:
+    """Materialise one configured task with its caps on train and eval sizes; a ``probe``'s
+    file (or split) is all evaluation unless the config asks for a split."""
     n_eval = cfg.n_eval or eval_cfg.n_eval
     n_train = cfg.n_train or eval_cfg.n_train
     if cfg.builtin is not None:
         if cfg.builtin not in known_task_names():
-            known = ", ".join(known_task_names())
-            raise DataError(f"unknown built-in task {cfg.builtin!r}; known: {known}")
+            raise DataError(unknown_task(cfg.builtin))
         task = build_builtin_task(cfg.builtin, n_train=n_train, n_eval=n_eval, seed=seed)
         train, evals, desc, budget = task.train, task.eval, task.description, task.max_new_tokens
         scoring = task.scoring
     else:
-        train, evals = _jsonl_splits(cfg.jsonl, seed) if cfg.jsonl else _hf_splits(cfg.hf, seed)  # type: ignore[arg-type]
-        desc, budget, scoring = "user data", 64, None
+        train, evals = (
+            _jsonl_splits(cfg.jsonl, seed, probe) if cfg.jsonl else _hf_splits(cfg.hf, seed, probe)  # type: ignore[arg-type]
+        )
+        desc, budget, scoring = "user data", USER_MAX_NEW_TOKENS, None
     try:
         return Task(
             name=cfg.display_name,

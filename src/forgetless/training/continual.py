@@ -95,8 +95,9 @@ class ContinualTrainer:
     (the default), ``lora`` or a ``finetune:`` mapping. A ``peft.PeftModel`` trains its own
     active adapter across the tasks (LoRA, regime ``carry``, its rank and targets); its
     "before" is the model as given, adapter included, while a method's frozen reference
-    (KL-SFT's) is loaded from its ``name_or_path``, without the adapter; ``evaluation`` is an ``eval:`` mapping; every other
-    keyword is a ``train:`` setting (``steps``, ``lr``, ``batch_size``, ``max_length`` ...).
+    (KL-SFT's) is loaded from its ``name_or_path``, without the adapter. ``evaluation`` is an
+    ``eval:`` mapping; every other keyword is a ``train:`` setting (``steps``, ``lr``,
+    ``batch_size``, ``max_length`` ...).
     """
 
     def __init__(

@@ -41,6 +41,9 @@ class Results:
     """Per row: the wall time of its evaluation (a cached base row: the time to read it)."""
     inputs: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Per data file the run reads: its size and SHA-256 (``training.inputs``)."""
+    runtime: dict[str, Any] = field(default_factory=dict)
+    """How the run computes: device, dtype, autocast, attention, gradient checkpointing
+    (``training.startup.runtime``; empty in a file written before it was recorded)."""
 
     def add_row(self, row: EvalRow) -> None:
         """Append an evaluation of the model as it is now (``forgetless.eval.evaluator``)."""
@@ -128,6 +131,7 @@ class Results:
             "prose": self.prose,
             "eval_seconds": self.eval_seconds,
             "inputs": self.inputs,
+            "runtime": self.runtime,
         }
 
     def write(self, out_dir: Path) -> None:
@@ -159,6 +163,7 @@ class Results:
             prose=data.get("prose", []),
             eval_seconds=data.get("eval_seconds", []),
             inputs=data.get("inputs", {}),
+            runtime=data.get("runtime", {}),
         )
 
 

@@ -4,6 +4,7 @@ checkpoints, the trackers' logs and one line per finished task."""
 from __future__ import annotations
 
 import shutil
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -38,6 +39,19 @@ class RunWriter:
 
     def say(self, line: str) -> None:
         self.console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+    @contextmanager
+    def phase(self, label: str) -> Iterator[None]:
+        """A phase without a bar: a spinner on a terminal; into a log, a line as it starts and
+        one as it ends, so a run under nohup is never silent for its whole length."""
+        if self.console.is_terminal:
+            with self.console.status(label):
+                yield
+            return
+        start = time.perf_counter()
+        self.say(f"{label}: start")
+        yield
+        self.say(f"{label}: done in {time.perf_counter() - start:.0f}s")
 
     def start(
         self, cfg: RunConfig, tasks: list[str], stored: Results | None, inputs: dict[str, Any]

@@ -21,6 +21,7 @@ from forgetless.engine.budget import BudgetMonitor
 from forgetless.engine.progress import Progress
 from forgetless.errors import ConfigError
 from forgetless.eval.evaluator import Evaluator
+from forgetless.models.device import pick_device
 from forgetless.models.finetuner import Finetuner
 from forgetless.models.loading import load_model_and_tokenizer, resolve_source
 from forgetless.tasks.base import Task
@@ -33,6 +34,7 @@ from forgetless.training.results import Results
 from forgetless.training.resume import resume_check
 from forgetless.training.run_writer import RunWriter
 from forgetless.training.scale_out import ScaleOut, seed_everything, task_seed
+from forgetless.training.startup import runtime, start_up
 from forgetless.training.task_data import encode_remaining, load_tasks
 from forgetless.training.task_loop import TaskLoop
 
@@ -59,7 +61,8 @@ class Runner:
 
     def run(self) -> Results:
         torch.set_flush_denormal(True)
-        self.device = distributed.start().device  # accelerate picks the process's device
+        placed = distributed.start().device  # accelerate picks the process's device
+        self.device = pick_device(self.cfg.device, placed, distributed.world_size())
         if not distributed.is_main_process():  # one process prints and writes
             self.console, self.progress = Console(quiet=True), False
         warning = distributed.launch_warning()
@@ -82,7 +85,8 @@ class Runner:
         cfg = self.cfg
         writer = RunWriter.open(cfg, self.out_dir, self.console)
         tasks = load_tasks(cfg.tasks, cfg, writer.say)
-        probes = load_tasks([p for p in cfg.probes if isinstance(p, TaskConfig)], cfg, writer.say)
+        probe_cfgs = [p for p in cfg.probes if isinstance(p, TaskConfig)]
+        probes = load_tasks(probe_cfgs, cfg, writer.say, probes=True)
         # the method steers its own copy of its config (a budget's knob): cfg stays as planned
         method = self.method or create_method(cfg.method.model_copy(deep=True))
         broken = registry.lora_rule_broken(
@@ -91,20 +95,24 @@ class Runner:
         if broken:  # a method instance handed over directly bypassed the config's check
             raise ConfigError(broken)
         model, tokenizer, source = self._load_model()
+        # the config as run: train.max_length set (config.yaml keeps it as written)
+        fitted = start_up(cfg, model, tokenizer, tasks, probes, self.device, writer.say)
         results = writer.start(cfg, [t.name for t in tasks], stored, self.inputs)
+        results.runtime = runtime(fitted, model, self.device)
         distributed.barrier()
         finetuner = Finetuner(model, cfg.finetune)  # checks LoRA targets before training
         scale = ScaleOut.at_start()
         scale.prepare(cfg, method, finetuner, len(tasks), self.console)
-        encoded = encode_remaining(tasks, tokenizer, cfg.train.max_length, results, writer.say)
-        evaluator = Evaluator.for_run(cfg, tasks, probes, tokenizer)
-        with self.console.status("measuring the base on the probes and the prose"):
+        max_length = fitted.train.resolved_max_length
+        encoded = encode_remaining(tasks, tokenizer, max_length, results, writer.say)
+        evaluator = Evaluator.for_run(fitted, tasks, probes, tokenizer)
+        with writer.phase("measuring the base on the probes and the prose"):
             evaluator.measure_base(model)
-        monitor = self._monitor(method, model, tokenizer, probes, results, writer)
+        monitor = self._monitor(method, model, tokenizer, probes, results, writer, max_length)
         try:
             with Progress(self.console, enabled=self.progress) as bars:
                 loop = TaskLoop(
-                    cfg,
+                    fitted,
                     tasks,
                     method,
                     finetuner,
@@ -153,19 +161,20 @@ class Runner:
         probes: list[Task],
         results: Results,
         writer: RunWriter,
+        max_length: int,
     ) -> BudgetMonitor | None:
         """The forgetting budget's monitor, its probe batch measured now on the base."""
         budget = self.cfg.budget
         if budget is None:
             return None
-        with self.console.status("measuring the base on the budget's probe batch"):
-            measure = budget_measure(budget, base, tokenizer, probes, self.cfg.train.max_length)
+        with writer.phase("measuring the base on the budget's probe batch"):
+            measure = budget_measure(budget, base, tokenizer, probes, max_length)
         return start_monitor(budget, method, measure, probes, results, writer.say)
 
     def _base_row(self, loop: TaskLoop, results: Results, source: str) -> None:
         """Row 0: from the cache when ``eval.cache_base_row`` holds it, else evaluated (and
         stored there)."""
-        path = base_row_path(self.cfg, source)
+        path = base_row_path(loop.cfg, source)
         start = time.perf_counter()
         if path is not None and load_base_row(path, results):
             results.eval_seconds.append(round(time.perf_counter() - start, 2))

@@ -16,12 +16,15 @@ from forgetless.training.results import Results
 Say = Callable[[str], None]
 
 
-def load_tasks(configs: list[TaskConfig], cfg: RunConfig, say: Say | None = None) -> list[Task]:
-    """Build every task; with ``say``, a long build prints a progress line now and then."""
+def load_tasks(
+    configs: list[TaskConfig], cfg: RunConfig, say: Say | None = None, probes: bool = False
+) -> list[Task]:
+    """Build every task (``probes``: as probes, a file all evaluation unless split); with
+    ``say``, a long build prints a progress line now and then."""
     heartbeat = Heartbeat(say or (lambda line: None), "building tasks", len(configs))
     tasks = []
     for task in configs:
-        tasks.append(build_task(task, cfg.eval, cfg.seed))
+        tasks.append(build_task(task, cfg.eval, cfg.seed, probes))
         heartbeat.beat()
     return tasks
 

@@ -54,7 +54,10 @@ def task_plan(cfg: RunConfig, index: int, task_cfg: TaskConfig, n_examples: int)
         max_grad_norm=t.max_grad_norm,
         on_nonfinite=t.on_nonfinite,
         autocast=t.autocast == "bf16",
+        fp16=t.autocast == "fp16",
+        gradient_checkpointing=t.gradient_checkpointing,
         optimizer_restarts=t.optimizer_restarts,
+        padding_free=t.padding_free,
     )
 
 
@@ -110,7 +113,7 @@ class TaskLoop:
         self.finetuner.model.to(self.device)
         features = self.encoded.pop(index, None)
         if features is None:
-            features = encode_task(task, self.tokenizer, self.cfg.train.max_length)
+            features = encode_task(task, self.tokenizer, self.cfg.train.resolved_max_length)
         ctx = self._context(index, features)
         plan = task_plan(self.cfg, index, self.cfg.tasks[index - 1], len(features))
         if self.monitor is not None:
@@ -161,7 +164,7 @@ class TaskLoop:
             task_names=[t.name for t in self.tasks],
             probe_names=probe_names(cfg.probes),
             finetune_mode=cfg.finetune.mode,
-            max_length=cfg.train.max_length,
+            max_length=cfg.train.resolved_max_length,
             lora_regime=cfg.finetune.lora.regime if cfg.finetune.mode == "lora" else None,
             load_base=functools.partial(load_model, self.source, cfg.model),
         )

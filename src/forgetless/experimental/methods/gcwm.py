@@ -10,20 +10,12 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from forgetless.contract.method import (
-    Capability,
-    Method,
-    MethodConfig,
-    MethodState,
-    Paper,
-    Stage,
-    declare_method,
-)
-from forgetless.contract.plan import TrainStats
+from forgetless.contract.hooks import MethodState
+from forgetless.contract.method import Capability, MethodConfig, Paper, declare_method
 from forgetless.diagnostics.geometry import LowRank
 from forgetless.experimental.gcwm import GCWMParams, gcwm_layer, options_of, truncate
 from forgetless.merging.blocks import is_block_matrix
-from forgetless.methods.continual_merge import Tensors, train_then_merge
+from forgetless.methods.continual_merge import ContinualMerge, Tensors
 
 
 class GCWMConfig(MethodConfig, GCWMParams):
@@ -44,7 +36,7 @@ class GCWMConfig(MethodConfig, GCWMParams):
         "Geometry Conflict: Explaining and Controlling Forgetting in LLM Continual Post-Training"
     ),
 )
-class GCWM(Method[GCWMConfig]):
+class GCWM(ContinualMerge[GCWMConfig]):
     """GCWM, from "Geometry Conflict: Explaining and Controlling Forgetting in LLM Continual
     Post-Training" (experimental: ``forgetless.experimental.gcwm``, docs/merging.md). Task t
     trains from the merged state; per weight matrix the updates Δ_1..Δ_t of the active tasks
@@ -54,7 +46,6 @@ class GCWM(Method[GCWMConfig]):
     weights (norms, embeddings) take the plain branch. State: the factors and C_{t−1}.
     """
 
-    carry_only = "merges the trainable weights"
     smoke: ClassVar[dict[str, Any]] = {"rank": 4}
 
     def __init__(self, config: GCWMConfig) -> None:
@@ -62,48 +53,41 @@ class GCWM(Method[GCWMConfig]):
         self.updates: list[dict[str, dict[str, Any]]] = []
         self.correction: dict[str, dict[str, Any]] = {}
 
-    def train_task(self, stage: Stage) -> TrainStats:
-        details: dict[str, Any] = {}
-
-        def increment(deltas: Tensors, _: Stage) -> Tensors:
-            opts = options_of(self.config)
-            own: dict[str, dict[str, Any]] = {}
-            out, conflicts, gates, per_layer = {}, [], [], {}
-            for name, delta in deltas.items():
-                out[name] = self.config.scaling * delta
-                if not is_block_matrix(name, delta):
-                    continue
-                factors = truncate(delta.cpu(), self.config.rank)[0]
-                own[name] = {"left": factors.left, "right": factors.right}
-                history = [LowRank(u[name]["left"], u[name]["right"]) for u in self.updates]
-                layer = gcwm_layer(
-                    [*history, factors], [self.config.scaling] * (len(history) + 1), opts
-                )
-                change = layer.correction.dense()
-                if name in self.correction:
-                    old = self.correction[name]
-                    change = change - old["left"].to(change) @ old["right"].to(change)
-                out[name] = out[name] + change.to(delta)
-                self.correction[name] = {
-                    "left": layer.correction.left.cpu(),
-                    "right": layer.correction.right.cpu(),
-                }
-                conflicts.append(layer.conflict)
-                gates.append(layer.gate)
-                per_layer[name] = {"conflict": layer.conflict, "gate": layer.gate}
-            self.updates.append(own)
-            if conflicts:
-                details.update(
-                    gcwm_conflict_mean=sum(conflicts) / len(conflicts),
-                    gcwm_gate_mean=sum(gates) / len(gates),
-                    gcwm_layers=len(conflicts),
-                    gcwm_per_layer=per_layer,
-                )
-            return out
-
-        stats = train_then_merge(self.name, stage, increment)
-        stats.details.update(details)
-        return stats
+    def increment(self, deltas: Tensors, details: dict[str, Any]) -> Tensors:
+        opts = options_of(self.config)
+        own: dict[str, dict[str, Any]] = {}
+        out, conflicts, gates, per_layer = {}, [], [], {}
+        for name, delta in deltas.items():
+            out[name] = self.config.scaling * delta
+            if not is_block_matrix(name, delta):
+                continue
+            factors = truncate(delta.cpu(), self.config.rank)[0]
+            own[name] = {"left": factors.left, "right": factors.right}
+            history = [LowRank(u[name]["left"], u[name]["right"]) for u in self.updates]
+            layer = gcwm_layer(
+                [*history, factors], [self.config.scaling] * (len(history) + 1), opts
+            )
+            change = layer.correction.dense()
+            if name in self.correction:
+                old = self.correction[name]
+                change = change - old["left"].to(change) @ old["right"].to(change)
+            out[name] = out[name] + change.to(delta)
+            self.correction[name] = {
+                "left": layer.correction.left.cpu(),
+                "right": layer.correction.right.cpu(),
+            }
+            conflicts.append(layer.conflict)
+            gates.append(layer.gate)
+            per_layer[name] = {"conflict": layer.conflict, "gate": layer.gate}
+        self.updates.append(own)
+        if conflicts:
+            details.update(
+                gcwm_conflict_mean=sum(conflicts) / len(conflicts),
+                gcwm_gate_mean=sum(gates) / len(gates),
+                gcwm_layers=len(conflicts),
+                gcwm_per_layer=per_layer,
+            )
+        return out
 
     def state_dict(self) -> MethodState:
         return {
