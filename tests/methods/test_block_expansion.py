@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -136,3 +137,37 @@ def test_a_tiny_forgetless_run_trains_only_the_new_block(
     kept = [k for k in base if k in trained]
     assert any(".layers.1." in k for k in kept)
     assert all(torch.equal(base[k], trained[k]) for k in kept)  # the original weights stay put
+
+
+class CutAtTaskTwo(BlockExpansion):
+    """block_expansion, interrupted as its second task starts (after task 1's checkpoint)."""
+
+    def on_task_start(self, ctx: Any) -> None:
+        if ctx.task_index == 2:
+            raise KeyboardInterrupt
+        super().on_task_start(ctx)
+
+
+def test_a_run_cut_after_a_task_resumes_and_exports(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The expansion comes before saved weights are read: a resumed run equals an
+    uninterrupted one, and export writes the expanded model."""
+    from rich.console import Console
+
+    from forgetless.training.export import export_model
+    from forgetless.training.runner import Runner
+
+    method = {"name": "block_expansion", "num_new_blocks": 1}
+    cfg = validate_config(tiny_run_config(tiny_model_dir, method=method, probes=[]))
+
+    def run(out: Path, with_method: Any = None) -> dict[str, Any]:
+        runner = Runner(cfg, out, Console(quiet=True), progress=False, method=with_method)
+        return runner.run().to_json()
+
+    full = run(tmp_path / "full")
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path / "cut", CutAtTaskTwo(BlockExpansionConfig(**method)))
+    resumed = run(tmp_path / "cut")
+    assert resumed["accuracy_matrix"] == full["accuracy_matrix"]
+    export_model(tmp_path / "cut", tmp_path / "exported")
+    exported = load_file(str(tmp_path / "exported" / "model.safetensors"))
+    assert any(k.startswith("model.layers.2.") for k in exported)

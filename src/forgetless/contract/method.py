@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 class Capability(str, Enum):
     """What a method hooks into. Each capability names exactly one hook (see ``HOOKS``)."""
 
+    MODEL_SETUP = "model_setup"
     TASK_START = "task_start"
     BATCH_TRANSFORM = "batch_transform"
     ACTIVATION_HOOKS = "activation_hooks"
@@ -51,6 +52,7 @@ class Capability(str, Enum):
 
 
 HOOKS: dict[Capability, tuple[str, ...]] = {
+    Capability.MODEL_SETUP: ("setup_model",),
     Capability.TASK_START: ("on_task_start",),
     Capability.BATCH_TRANSFORM: ("transform_batch",),
     Capability.ACTIVATION_HOOKS: ("register_hooks",),
@@ -194,6 +196,9 @@ class Method(Generic[ConfigT]):
         raise NotImplementedError
 
     def transform_model(self, model: nn.Module, ctx: TaskContext) -> nn.Module:
+        raise NotImplementedError
+
+    def setup_model(self, model: nn.Module) -> None:
         raise NotImplementedError
 
     def on_task_end(self, ctx: TaskEndContext) -> None:

@@ -156,7 +156,7 @@ class BlockExpansionConfig(MethodConfig):
 @declare_method(
     "block_expansion",
     BlockExpansionConfig,
-    capabilities={Capability.TASK_START},
+    capabilities={Capability.MODEL_SETUP, Capability.TASK_START},
     paper=Paper(
         "LLaMA Pro: Progressive LLaMA with Block Expansion",
         "Wu et al.",
@@ -169,11 +169,11 @@ class BlockExpansion(Method[BlockExpansionConfig]):
 
     The base's ``L`` blocks form ``N`` equal groups; above each group's top block goes a copy of
     it whose attention output and MLP down projections are zero, so the expanded model starts as
-    the base (the paper's identity initialisation). The expansion happens once, at the first
-    task's start; at every task's start all weights but the new blocks' are frozen, so the
-    original blocks, embeddings and head keep the base's values for the whole sequence.
-    Not wired yet: a run resumed after a finished task, and ``forgetless export``, load the
-    checkpoint into the unexpanded base and refuse it (the expansion must come first).
+    the base (the paper's identity initialisation). The expansion happens once, as the model
+    loads (``setup_model``: before a resumed run, ``export`` or a diagnosis restores saved
+    weights into it), or at the first task's start inside a user's trainer; at every task's
+    start all weights but the new blocks' are frozen, so the original blocks, embeddings and
+    head keep the base's values for the whole sequence.
     """
 
     smoke: ClassVar[dict[str, Any]] = {"num_new_blocks": 1}
@@ -183,13 +183,16 @@ class BlockExpansion(Method[BlockExpansionConfig]):
     def __init__(self, config: BlockExpansionConfig) -> None:
         super().__init__(config)
 
+    def setup_model(self, model: nn.Module) -> None:
+        try:
+            if not new_block_indices(model):
+                expand_blocks(model, self.config.num_new_blocks)
+        except ValueError as err:
+            raise ConfigError(f"method 'block_expansion': {err}") from None
+
     def on_task_start(self, ctx: TaskContext) -> None:
         refused = registry.lora_rule_broken(self, ctx.run.finetune_mode, "carry")
         if refused:  # a trainer's PEFT model, which no config validated
             raise ConfigError(refused)
-        try:
-            if not new_block_indices(ctx.model):
-                expand_blocks(ctx.model, self.config.num_new_blocks)
-        except ValueError as err:
-            raise ConfigError(f"method 'block_expansion': {err}") from None
+        self.setup_model(ctx.model)  # a no-op once expanded (a trainer's model meets it here)
         train_only_new_blocks(ctx.model)

@@ -18,6 +18,7 @@ from torch import nn
 
 from forgetless.config.loading import validate_config
 from forgetless.config.schema import RunConfig
+from forgetless.contract.method import Capability, create_method
 from forgetless.core.ownership import check_output_folder, replace_output
 from forgetless.core.rundir import RunDir
 from forgetless.core.storage import atomic_write_json
@@ -50,6 +51,9 @@ def checkpoint_model(
 
     source = cfg.model.name_or_path or str(ensure_base_model(cfg.model, Console(quiet=True)))
     model, tokenizer = load_model_and_tokenizer(cfg.model, source)
+    method = create_method(cfg.method)
+    if method.uses(Capability.MODEL_SETUP):  # the architecture the saved weights expect
+        method.setup_model(model)
     finetuner = Finetuner(model, cfg.finetune)
     ckpts = RunDir(run_dir).task_checkpoints(task_names[:upto])
     missing = [c for c in ckpts if not c.is_dir()]

@@ -14,7 +14,7 @@ from rich.console import Console
 from torch import nn
 
 from forgetless.config.schema import RunConfig, TaskConfig
-from forgetless.contract.method import Method, create_method
+from forgetless.contract.method import Capability, Method, create_method
 from forgetless.core import distributed, registry
 from forgetless.core.storage import remove_stale_temps
 from forgetless.engine.budget import BudgetMonitor
@@ -95,6 +95,8 @@ class Runner:
         if broken:  # a method instance handed over directly bypassed the config's check
             raise ConfigError(broken)
         model, tokenizer, source = self._load_model()
+        if method.uses(Capability.MODEL_SETUP):  # before any saved weights are read into it
+            method.setup_model(model)
         # the config as run: train.max_length set (config.yaml keeps it as written)
         fitted = start_up(cfg, model, tokenizer, tasks, probes, self.device, writer.say)
         results = writer.start(cfg, [t.name for t in tasks], stored, self.inputs)
