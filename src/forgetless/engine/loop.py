@@ -23,6 +23,7 @@ from forgetless.core import distributed, registry, sharding
 from forgetless.core.zero import ZeroEngine
 from forgetless.engine import packing
 from forgetless.engine.budget import BudgetMonitor
+from forgetless.engine.output_layer import contiguous_output_layer
 from forgetless.engine.precision import Precision, checkpointing
 from forgetless.engine.progress import Progress
 from forgetless.engine.resources import peak_memory_mb
@@ -171,6 +172,7 @@ class StepLoop:
         restarts = plan.restart_steps()
         with (
             checkpointing(self.model, plan.gradient_checkpointing),
+            contiguous_output_layer(self.model),
             distributed.zero_engine(
                 self.model, optimizer, plan.batch_size, plan.max_grad_norm
             ) as self._zero,
