@@ -15,7 +15,7 @@ from rich.table import Table
 from forgetless.cli.check import check as check_command
 from forgetless.cli.diagnose import app as diagnose_app
 from forgetless.cli.merge import merge as merge_command
-from forgetless.cli.options import PresetOpt, SetOpt
+from forgetless.cli.options import PresetOpt, QuietOpt, SetOpt
 from forgetless.cli.sae import app as sae_app
 from forgetless.errors import ForgetlessError
 
@@ -41,7 +41,7 @@ def run(
     allow_config_change: Annotated[
         bool, typer.Option(help="Resume even if the config changed.")
     ] = False,
-    quiet: Annotated[bool, typer.Option(help="No progress bars.")] = False,
+    quiet: QuietOpt = False,
     preset: PresetOpt = None,
 ) -> None:
     """Train the task sequence, evaluating after each task; re-run to resume."""
@@ -301,7 +301,7 @@ def pretrain(
     config: ConfigArg = None,
     set_: SetOpt = None,
     out: Annotated[Optional[Path], typer.Option(help="Folder (default: the cache).")] = None,  # noqa: UP045
-    quiet: Annotated[bool, typer.Option(help="No progress bars.")] = False,
+    quiet: QuietOpt = False,
     preset: PresetOpt = None,
 ) -> None:
     """Build and pretrain the tiny base model on the base capabilities, under a seed."""
@@ -343,7 +343,7 @@ def bench(
     orders: Annotated[Optional[int], typer.Option(help="Task orders per seed.")] = None,  # noqa: UP045
     out: Annotated[Optional[Path], typer.Option(help="Output folder (default runs/bench).")] = None,  # noqa: UP045
     set_: SetOpt = None,
-    quiet: Annotated[bool, typer.Option(help="No progress bars.")] = False,
+    quiet: QuietOpt = False,
     preset: PresetOpt = None,
     campaign: Annotated[
         Optional[Path],  # noqa: UP045

@@ -14,3 +14,4 @@ PresetOpt = Annotated[
     ),
 ]
 SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="Override: key.path=value")]  # noqa: UP045
+QuietOpt = Annotated[bool, typer.Option(help="No progress bars.")]

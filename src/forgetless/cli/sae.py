@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from forgetless.cli.options import PresetOpt, SetOpt
+from forgetless.cli.options import PresetOpt, QuietOpt, SetOpt
 
 if TYPE_CHECKING:
     import torch
@@ -31,7 +31,6 @@ TasksOpt = Annotated[
         "config's sequence: the instruct tasks for an instruct sequence, else the tiny suite's)."
     ),
 ]
-QuietOpt = Annotated[bool, typer.Option(help="No progress bars.")]
 
 
 def _base_model(cfg: RunConfig, quiet: bool) -> tuple[Any, Any, torch.device, str]:

@@ -7,6 +7,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from forgetless.core.fields import Count, Positive
+
 
 class Variant(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -20,11 +22,11 @@ class ClusterSection(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     partition: str | None = Field(None, description="Slurm partition (None: the default one).")
-    timeout_min: int = Field(240, ge=1, description="Wall-time limit of each run's job (min).")
-    cpus_per_task: int = Field(2, ge=1, description="CPU cores per run (its torch threads).")
+    timeout_min: Count = Field(240, description="Wall-time limit of each run's job (min).")
+    cpus_per_task: Count = Field(2, description="CPU cores per run (its torch threads).")
     gpus_per_task: int = Field(0, ge=0, description="GPUs per run.")
-    mem_gb: float | None = Field(None, gt=0, description="Memory per run (None: the default).")
-    poll_seconds: float = Field(30.0, gt=0, description="How often the bench checks its jobs.")
+    mem_gb: Positive | None = Field(None, description="Memory per run (None: the default).")
+    poll_seconds: Positive = Field(30.0, description="How often the bench checks its jobs.")
 
 
 class BenchSection(BaseModel):
@@ -32,11 +34,11 @@ class BenchSection(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     variants: list[Variant] = Field(default_factory=list, description="Named variants to compare.")
-    seeds: int = Field(3, ge=1, description="Seeds per variant.")
+    seeds: Count = Field(3, description="Seeds per variant.")
     first_seed: int = Field(
         0, ge=0, lt=2**32, description="First seed (tune on seeds apart from measuring ones)."
     )
-    orders: int = Field(1, ge=1, description="Task orders per seed (order 0 is the config's).")
+    orders: Count = Field(1, description="Task orders per seed (order 0 is the config's).")
     cluster: ClusterSection = Field(
         default_factory=ClusterSection, description="Job settings for bench --cluster."
     )

@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from forgetless.core.fields import Count, Positive
 from forgetless.strict import StrictModel
 
 
@@ -20,12 +21,11 @@ class BudgetConfig(StrictModel):
         "is the allowed drop from 1; kl_to_base: token KL(base ‖ model) on the probe batch's "
         "completions, in nats per token.",
     )
-    max_loss: float = Field(
-        0.05, gt=0, description="The most the metric may lose (retention) or reach (KL)."
+    max_loss: Positive = Field(
+        0.05, description="The most the metric may lose (retention) or reach (KL)."
     )
-    check_every: int | None = Field(
+    check_every: Count | None = Field(
         None,
-        ge=1,
         description="Steps between checks (None: 5% of each task's steps, at least 1).",
     )
     probe_batch: int = Field(
@@ -57,15 +57,13 @@ class BudgetConfig(StrictModel):
         "task resumes from there, and ends within the budget on the probe batch. steer: only "
         "the knob moves, so harm done before the knob catches up stays.",
     )
-    step_size: float = Field(
+    step_size: Positive = Field(
         0.5,
-        gt=0,
         description="η of the dual step: the knob moves by exp(±η·v) per check, v the relative "
         "violation clipped to [-1, 1].",
     )
-    horizon: int = Field(
+    horizon: Count = Field(
         10000,
-        ge=1,
         description="adaptive_kl only: Ziegler et al.'s horizon (β changes by at most "
         "±20% · steps/horizon per update).",
     )

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
+from forgetless.core.fields import Count, NonNegative
 from forgetless.strict import STRICT_CONFIG, StrictModel
 
 
@@ -73,7 +74,7 @@ class NumericScorer(_Strict):
 
     kind: Literal["numeric"] = "numeric"
     strict: bool = Field(False, description="Only accept an answer written after '####'.")
-    tolerance: float = Field(0.0, ge=0, description="Absolute tolerance when comparing values.")
+    tolerance: NonNegative = Field(0.0, description="Absolute tolerance when comparing values.")
 
 
 class MultipleChoiceScorer(_Strict):
@@ -144,9 +145,7 @@ class LmEvalSettings(_Strict):
     """Which lm-evaluation-harness tasks to run as retention probes, and how."""
 
     tasks: list[str] = Field(min_length=1, description="lm-eval task names, e.g. [hellaswag].")
-    limit: int | None = Field(
-        None, ge=1, description="Documents per task (null: all); keep it small."
-    )
+    limit: Count | None = Field(None, description="Documents per task (null: all); keep it small.")
     num_fewshot: int | None = Field(None, ge=0, description="Few-shot examples (null: task's).")
     metric: str | None = Field(
         None, description="Metric to record, e.g. acc_norm; null: acc_norm, acc, exact_match."
@@ -156,7 +155,7 @@ class LmEvalSettings(_Strict):
         True, description="Also index lm-eval's own tasks (false: only include_path; faster)."
     )
     apply_chat_template: bool = Field(False, description="Render prompts with the chat template.")
-    batch_size: int | None = Field(None, ge=1, description="Default: eval.batch_size.")
+    batch_size: Count | None = Field(None, description="Default: eval.batch_size.")
     chance: float | None = Field(
         None,
         ge=0,

@@ -13,8 +13,12 @@ from forgetless.errors import ConfigError
 
 DEMO_SEQUENCE = ["reverse", "cipher", "bracket"]
 DEMO_PROBES = ["copy", "upper", "facts", "add"]
-DEMO_BENCH_METHODS = ["seq_ft", "replay", "ewc", "kl_sft"]
-"""The bench demo's methods: the baseline and one of each family (those registered run)."""
+DEMO_BENCH_METHODS = [
+    *("seq_ft", "replay", "ewc", "kl_sft"),
+    *("dft", "asft", "eaft", "sdft", "block_expansion"),
+]
+"""The bench demo's methods (``forgetless bench`` without variants): the baseline, one of each
+family, and the remedies users have elsewhere (those registered run)."""
 
 SMOLLM2_SEQUENCE = ["it-json", "it-wordrev", "it-topic", "it-robot"]
 """Four skills each learnt alone at the budget (studies/results/real_tasks.json), chosen on

@@ -26,6 +26,7 @@ from forgetless.config.evaluation import (
 )
 from forgetless.config.quantization import QuantizationConfig, quantized_rule_broken
 from forgetless.core import registry
+from forgetless.core.fields import Count, NonNegative, Positive
 from forgetless.strict import MethodConfig, StrictModel
 
 TASK_NAME = re.compile(r"\w[\w .+=@-]{0,99}")
@@ -41,9 +42,9 @@ class TinyModelConfig(Strict):
 
     arch: Literal["qwen2", "llama"] = Field("qwen2", description="Architecture class to build.")
     hidden_size: int = Field(128, ge=8, description="Hidden width.")
-    num_layers: int = Field(4, ge=1, description="Number of decoder layers.")
-    num_heads: int = Field(4, ge=1, description="Attention heads.")
-    num_kv_heads: int = Field(2, ge=1, description="Key/value heads (grouped-query attention).")
+    num_layers: Count = Field(4, description="Number of decoder layers.")
+    num_heads: Count = Field(4, description="Attention heads.")
+    num_kv_heads: Count = Field(2, description="Key/value heads (grouped-query attention).")
     intermediate_size: int = Field(512, ge=8, description="MLP width.")
     max_position: int = Field(128, ge=16, description="Longest sequence in tokens.")
 
@@ -71,10 +72,10 @@ class PretrainConfig(Strict):
         description="Built-in tasks in the pretraining mixture: the probed base capabilities "
         "and the latent ask-* skills.",
     )
-    steps: int = Field(12000, ge=1, description="Optimizer steps.")
-    batch_size: int = Field(32, ge=1, description="Examples per step.")
-    lr: float = Field(3e-3, gt=0, description="Peak learning rate (cosine schedule).")
-    n_train: int = Field(4000, ge=1, description="Training examples per task.")
+    steps: Count = Field(12000, description="Optimizer steps.")
+    batch_size: Count = Field(32, description="Examples per step.")
+    lr: Positive = Field(3e-3, description="Peak learning rate (cosine schedule).")
+    n_train: Count = Field(4000, description="Training examples per task.")
     seed: int = Field(0, ge=0, lt=2**32, description="Seed for weights and data.")
 
 
@@ -104,7 +105,7 @@ class ModelConfig(Strict):
 
 
 class LoraConfig(Strict):
-    r: int = Field(8, ge=1, description="LoRA rank.")
+    r: Count = Field(8, description="LoRA rank.")
     alpha: int = Field(16, gt=0, description="LoRA scale numerator (scale = alpha / r).")
     dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the LoRA path.")
     target_modules: list[str] = Field(
@@ -146,17 +147,17 @@ their own longest example)."""
 class TrainConfig(Strict):
     """Per-task training budget; a task's ``train`` block overrides any of these."""
 
-    steps: int | None = Field(200, ge=1, description="Optimizer steps per task (or use epochs).")
-    epochs: float | None = Field(None, gt=0, description="Epochs per task; overrides steps.")
-    batch_size: int = Field(32, ge=1, description="Examples per micro-batch.")
-    grad_accum: int = Field(1, ge=1, description="Micro-batches per optimizer step.")
-    lr: float = Field(1e-3, gt=0, description="Peak learning rate (AdamW).")
-    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    steps: Count | None = Field(200, description="Optimizer steps per task (or use epochs).")
+    epochs: Positive | None = Field(None, description="Epochs per task; overrides steps.")
+    batch_size: Count = Field(32, description="Examples per micro-batch.")
+    grad_accum: Count = Field(1, description="Micro-batches per optimizer step.")
+    lr: Positive = Field(1e-3, description="Peak learning rate (AdamW).")
+    weight_decay: NonNegative = Field(0.0, description="AdamW weight decay.")
     warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps.")
     scheduler: Literal["constant", "linear", "cosine"] = Field(
         "constant", description="LR schedule."
     )
-    max_grad_norm: float | None = Field(1.0, gt=0, description="Gradient clipping; null disables.")
+    max_grad_norm: Positive | None = Field(1.0, description="Gradient clipping; null disables.")
     max_length: int | None = Field(
         None,
         ge=8,
@@ -191,9 +192,8 @@ class TrainConfig(Strict):
         description="A NaN/inf loss or gradient: stop the run (the event goes into results.json), "
         "or skip that step's update and count it.",
     )
-    checkpoint_every: int | None = Field(
+    checkpoint_every: Count | None = Field(
         None,
-        ge=1,
         description="Write a step checkpoint (weights, optimizer, scheduler, RNG, data order, "
         "method state) every N optimizer steps and when a task's training ends, so a re-run "
         "resumes inside the task; null: resume only after finished tasks.",
@@ -214,10 +214,10 @@ class TrainConfig(Strict):
 
 
 class TrainOverrides(Strict):
-    steps: int | None = Field(None, ge=1)
-    epochs: float | None = Field(None, gt=0)
-    batch_size: int | None = Field(None, ge=1)
-    lr: float | None = Field(None, gt=0)
+    steps: Count | None = None
+    epochs: Positive | None = None
+    batch_size: Count | None = None
+    lr: Positive | None = None
 
 
 DEFAULT_EVAL_FRACTION = 0.1
@@ -290,11 +290,10 @@ class TaskConfig(Strict):
     name: str | None = Field(None, description="Display name; default: the source's name.")
     jsonl: JsonlSource | None = None
     hf: HFSource | None = None
-    n_train: int | None = Field(None, ge=1, description="Cap on training examples.")
-    n_eval: int | None = Field(None, ge=1, description="Cap on eval examples.")
-    max_new_tokens: int | None = Field(
+    n_train: Count | None = Field(None, description="Cap on training examples.")
+    n_eval: Count | None = Field(None, description="Cap on eval examples.")
+    max_new_tokens: Count | None = Field(
         None,
-        ge=1,
         description="Generation budget for scoring, in tokens; null: the built-in task's own, or "
         "64 for JSONL and Hugging Face tasks.",
     )
@@ -341,20 +340,19 @@ class TaskConfig(Strict):
 
 
 class EvalConfig(Strict):
-    n_eval: int = Field(100, ge=1, description="Eval examples per task unless the task says.")
-    n_train: int = Field(2000, ge=1, description="Built-in training examples per task.")
-    batch_size: int = Field(128, ge=1, description="Prompts per generation batch.")
+    n_eval: Count = Field(100, description="Eval examples per task unless the task says.")
+    n_train: Count = Field(2000, description="Built-in training examples per task.")
+    batch_size: Count = Field(128, description="Prompts per generation batch.")
     kl_drift: bool = Field(True, description="Measure output-space KL drift on the probes.")
-    kl_examples: int = Field(32, ge=1, description="Probe examples per probe for KL drift.")
+    kl_examples: Count = Field(32, description="Probe examples per probe for KL drift.")
     loglik_examples: int = Field(
         64,
         ge=0,
         description="Eval examples per task and probe for the gold completion's mean "
         "log-likelihood, a continuous signal beside accuracy (0: off).",
     )
-    between: int | None = Field(
+    between: Count | None = Field(
         None,
-        ge=1,
         description="Eval examples per task and probe in the rows after every task but the last "
         "(the base row and the final row use n_eval; the prose there is only its KL "
         "paragraphs): small evaluations between tasks, the full one at the end. Null: n_eval "
@@ -370,9 +368,9 @@ class EvalConfig(Strict):
         description="Perplexity and token KL(base || model) on the shipped held-out prose "
         "(48 paragraphs written for forgetless), in every row.",
     )
-    prose_paragraphs: int = Field(48, ge=1, description="Prose paragraphs for perplexity.")
-    prose_kl_paragraphs: int = Field(
-        8, ge=1, description="Of those, the first ones whose base distributions are kept for KL."
+    prose_paragraphs: Count = Field(48, description="Prose paragraphs for perplexity.")
+    prose_kl_paragraphs: Count = Field(
+        8, description="Of those, the first ones whose base distributions are kept for KL."
     )
     prose_max_tokens: int = Field(192, ge=8, description="Tokens per prose paragraph, at most.")
     forgetting: Literal["any", "learned"] = Field(

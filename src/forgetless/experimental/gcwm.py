@@ -27,6 +27,7 @@ import torch
 from pydantic import BaseModel, Field
 
 import forgetless.experimental  # noqa: F401  (the import warning)
+from forgetless.core.fields import Count, Fraction, NonNegative, Positive
 from forgetless.diagnostics.geometry import (
     DTYPE,
     Geometry,
@@ -64,9 +65,8 @@ class GCWMOptions:
 class GCWMParams(BaseModel):
     """GCWM's knobs (docs/merging.md); the merge config and the continual method share them."""
 
-    rank: int = Field(
+    rank: Count = Field(
         64,
-        ge=1,
         description="Truncated-SVD rank kept per task update of a dense (full fine-tuning) "
         "matrix; LoRA updates are used exactly. Toolkit default (the paper gives none).",
     )
@@ -89,28 +89,24 @@ class GCWMParams(BaseModel):
         "linear",
         description="h(κ): κ itself, σ((κ − threshold)/temperature), or 1[κ > threshold].",
     )
-    threshold: float = Field(0.5, ge=0, le=1, description="κ threshold of the sigmoid/step gate.")
-    temperature: float = Field(0.1, gt=0, description="Temperature of the sigmoid gate.")
-    strength: float = Field(
-        1.0, ge=0, le=1, description="β, the largest weight of the correction branch."
-    )
+    threshold: Fraction = Field(0.5, description="κ threshold of the sigmoid/step gate.")
+    temperature: Positive = Field(0.1, description="Temperature of the sigmoid gate.")
+    strength: Fraction = Field(1.0, description="β, the largest weight of the correction branch.")
     conflict_trace_normalized: bool = Field(
         False, description="Compute the conflict on C / tr C (removes the update-size effect)."
     )
-    metric_floor: float = Field(
+    metric_floor: NonNegative = Field(
         1.0,
-        ge=0,
         description="ρ: the metric's eigenvalues on the shared span are floored at ρ·tr S / K "
         "before whitening (a barycenter of low-rank geometries is itself low rank). Toolkit.",
     )
-    consensus_ridge: float = Field(
+    consensus_ridge: NonNegative = Field(
         1e-2,
-        ge=0,
         description="ε: ridge ε·tr(ΣP)/K on the consensus system (near-parallel task subspaces "
         "make it ill-conditioned). Toolkit default.",
     )
-    max_iter: int = Field(50, ge=1, description="Barycenter fixed-point iterations at most.")
-    tol: float = Field(1e-6, gt=0, description="Barycenter stop: relative Frobenius change.")
+    max_iter: Count = Field(50, description="Barycenter fixed-point iterations at most.")
+    tol: Positive = Field(1e-6, description="Barycenter stop: relative Frobenius change.")
 
 
 def options_of(params: GCWMParams) -> GCWMOptions:

@@ -33,6 +33,7 @@ from pydantic import (
 )
 
 from forgetless.core import registry
+from forgetless.core.fields import Fraction, NonNegative
 from forgetless.strict import StrictModel
 
 MERGE_METHODS_GROUP = "forgetless.merge_methods"
@@ -46,9 +47,8 @@ class Strict(StrictModel):
 class TaskArithmeticParams(BaseModel):
     """Task arithmetic (Ilharco et al. 2023): ``θ = θ₀ + λ Σ_t w_t τ_t``."""
 
-    scaling: float = Field(
+    scaling: NonNegative = Field(
         1.0,
-        ge=0,
         description="λ on the weighted sum of task vectors (the paper's and mergekit's 1). Run "
         "continually, 1 is sequential fine-tuning; the benchmarks pin 0.5.",
     )
@@ -60,8 +60,8 @@ class TiesParams(BaseModel):
     density: float = Field(
         0.2, gt=0, le=1, description="k, the share of entries kept per tensor (paper: top-20%)."
     )
-    scaling: float = Field(
-        1.0, ge=0, description="λ on the merged task vector (paper: 1 without validation data)."
+    scaling: NonNegative = Field(
+        1.0, description="λ on the merged task vector (paper: 1 without validation data)."
     )
     convention: Literal["paper", "mergekit"] = Field(
         "paper",
@@ -81,7 +81,7 @@ class DareParams(BaseModel):
     """DARE (Yu et al. 2024): drop entries at random, rescale the rest, then task arithmetic."""
 
     drop_rate: float = Field(0.9, ge=0, lt=1, description="p, the share of entries dropped.")
-    scaling: float = Field(1.0, ge=0, description="λ on the weighted sum of the rescaled vectors.")
+    scaling: NonNegative = Field(1.0, description="λ on the weighted sum of the rescaled vectors.")
     seed: int = Field(
         0, ge=0, lt=2**32, description="Seed of the drop masks (per tensor and task)."
     )
@@ -105,10 +105,8 @@ class DareParams(BaseModel):
 class OPCMParams(BaseModel):
     """OPCM (Tang et al. 2025): project each update off the merged update's leading subspace."""
 
-    alpha: float = Field(
+    alpha: Fraction = Field(
         0.5,
-        ge=0,
-        le=1,
         description="α: the leading singular directions of the merged update holding this share "
         "of its nuclear norm are protected (the authors' scripts use 0.5).",
     )

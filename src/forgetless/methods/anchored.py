@@ -16,9 +16,10 @@ from torch import nn
 from transformers import AutoModelForCausalLM
 
 from forgetless.contract.hooks import Batch, LossFn, Stage, StepContext, TaskContext
-from forgetless.contract.method import Capability, Method, MethodConfig, Paper, declare_method
+from forgetless.contract.method import Capability, Method, MethodConfig, declare_method
 from forgetless.contract.plan import TrainStats
 from forgetless.core import sharding
+from forgetless.core.fields import Count, Fraction, Positive
 from forgetless.core.modules import freeze
 from forgetless.engine.loop import steps_for_epochs
 from forgetless.engine.resources import peak_memory_mb
@@ -34,6 +35,7 @@ from forgetless.methods.anchored_math import (
     kl_per_position,
     topk_anchor,
 )
+from forgetless.methods.papers import ANCHORED_LEARNING
 from forgetless.tasks.formatting import IGNORE_INDEX, Features, collate
 
 _DEFAULTS = "the public re-implementation cited in the toolkit's Anchored Learning issue"
@@ -41,10 +43,8 @@ _DEFAULTS = "the public re-implementation cited in the toolkit's Anchored Learni
 
 class AnchoredConfig(MethodConfig):
     name: Literal["anchored"] = Field("anchored", description="Anchored Learning.")
-    alpha: float = Field(
+    alpha: Fraction = Field(
         0.5,
-        ge=0,
-        le=1,
         description=f"α, the anchor's weight on the SFT reference (0: the student itself, "
         f"nothing to fit; 1: the reference). Default 0.5 from {_DEFAULTS}; the paper finds an "
         "intermediate α best.",
@@ -55,24 +55,21 @@ class AnchoredConfig(MethodConfig):
         "stability side); prob: arithmetic mixture (mode-covering, plasticity side). Default "
         f"logit from {_DEFAULTS}.",
     )
-    outer_iterations: int = Field(
-        5, ge=1, description=f"T, anchors per task (one cache each). Default 5 from {_DEFAULTS}."
+    outer_iterations: Count = Field(
+        5, description=f"T, anchors per task (one cache each). Default 5 from {_DEFAULTS}."
     )
-    inner_epochs: float = Field(
+    inner_epochs: Positive = Field(
         5.0,
-        gt=0,
         description=f"K, epochs over the task data fitting each anchor. Default 5 from "
         f"{_DEFAULTS}; ignored when inner_steps is set.",
     )
-    inner_steps: int | None = Field(
+    inner_steps: Count | None = Field(
         None,
-        ge=1,
         description="Optimizer steps per anchor, overriding inner_epochs: for a budget matched "
         "to a baseline (e.g. T·inner_steps = its steps on the tiny demo). Toolkit option.",
     )
-    top_k: int = Field(
+    top_k: Count = Field(
         32,
-        ge=1,
         description="Anchor entries cached per token (plus one tail bucket); exact when at least "
         "the vocabulary size. Toolkit default (the paper forms the anchor on the fly).",
     )
@@ -93,9 +90,8 @@ class AnchoredConfig(MethodConfig):
         "run's base weights (full fine-tuning only). In the paper's single-task runs both are "
         "the base model.",
     )
-    cache_batch_size: int | None = Field(
+    cache_batch_size: Count | None = Field(
         None,
-        ge=1,
         description="Batch size of the no-grad passes that build each cache (default: the "
         "task's batch size). Toolkit option.",
     )
@@ -179,7 +175,7 @@ def _finite(value: float) -> float | None:
     "anchored",
     AnchoredConfig,
     capabilities={Capability.TRAIN_STAGE},
-    paper=Paper("Stabilizing LLM Supervised Fine-Tuning via Explicit Distributional Control"),
+    paper=ANCHORED_LEARNING,
 )
 class Anchored(Method[AnchoredConfig]):
     """Anchored Learning ("Stabilizing LLM Supervised Fine-Tuning via Explicit Distributional

@@ -30,6 +30,7 @@ from forgetless.contract.hooks import (
 from forgetless.contract.method import Capability, Knob, Method, MethodConfig, Paper, declare_method
 from forgetless.core import sharding
 from forgetless.core.dtypes import DTYPES
+from forgetless.core.fields import Count, Fraction
 from forgetless.core.modules import trainable_parameters
 from forgetless.tasks.formatting import collate
 
@@ -64,16 +65,14 @@ class AttributionGateConfig(MethodConfig):
         description="Per-sample normalisation: 'topk_mean' (divide by the top-fraction mean, "
         "clip at 1) or 'quantile' (each weight's rank in its tensor, in [0, 1]).",
     )
-    strength: float = Field(
-        1.0, ge=0, le=1, description="s in the gate 1 − s·R̄ (1: the paper's gate)."
-    )
+    strength: Fraction = Field(1.0, description="s in the gate 1 − s·R̄ (1: the paper's gate).")
     control: Literal["none", "permuted"] = Field(
         "none",
         description="'permuted': gate with R̄'s entries shuffled within each tensor (seeded), "
         "the control that keeps the gate's strength and loses where it acts.",
     )
-    max_samples: int = Field(
-        64, ge=1, description="Training examples scored at task end; the correct ones count."
+    max_samples: Count = Field(
+        64, description="Training examples scored at task end; the correct ones count."
     )
     map_dtype: Literal["float16", "bfloat16", "float32"] = Field(
         "float16", description="Storage precision of the aggregated map R̄ (one value per weight)."

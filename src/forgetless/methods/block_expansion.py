@@ -19,6 +19,7 @@ from torch import nn
 from forgetless.contract.hooks import TaskContext
 from forgetless.contract.method import Capability, Method, MethodConfig, Paper, declare_method
 from forgetless.core import registry
+from forgetless.core.fields import Count
 from forgetless.errors import ConfigError
 
 ZEROED = ("o_proj", "down_proj")
@@ -144,9 +145,8 @@ class BlockExpansionConfig(MethodConfig):
     name: Literal["block_expansion"] = Field(
         "block_expansion", description="LLaMA Pro block expansion (train new identity blocks)."
     )
-    num_new_blocks: int | None = Field(
+    num_new_blocks: Count | None = Field(
         None,
-        ge=1,
         description="Decoder blocks to insert, one above each of as many equal groups; must "
         "divide the model's layer count. None: one per group of at least 4 layers, the paper's "
         "ratio (LLaMA-2-7B's 32 blocks + 8, LLaMA-Factory's example --num_expand 8).",

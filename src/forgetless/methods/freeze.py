@@ -14,6 +14,7 @@ from pydantic import Field
 
 from forgetless.contract.hooks import TaskContext
 from forgetless.contract.method import Capability, Method, MethodConfig, declare_method
+from forgetless.core.fields import Count
 from forgetless.errors import ConfigError
 
 LAYER_PATTERN = re.compile(r"(?:^|\.)layers\.(\d+)\.")
@@ -50,9 +51,8 @@ def trainable_layer_ids(num_layers: int, top: int, layers: list[int] | None) -> 
 
 class FreezeConfig(MethodConfig):
     name: Literal["freeze"] = Field("freeze", description="Layer freezing (train chosen layers).")
-    train_top_layers: int = Field(
+    train_top_layers: Count = Field(
         1,
-        ge=1,
         description="Train only this many of the highest decoder layers (ignored when `layers` "
         "is set). No paper fixes a count; 1 is the most conservative setting that still learns.",
     )

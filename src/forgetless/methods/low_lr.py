@@ -7,8 +7,10 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field
 
 from forgetless.contract.hooks import Stage
-from forgetless.contract.method import Capability, Knob, Method, MethodConfig, Paper, declare_method
+from forgetless.contract.method import Capability, Knob, Method, MethodConfig, declare_method
 from forgetless.contract.plan import TrainStats
+from forgetless.core.fields import Positive
+from forgetless.methods.papers import ANCHORED_LEARNING
 
 
 def scaled_lr(lr: float, lr_scale: float) -> float:
@@ -18,9 +20,8 @@ def scaled_lr(lr: float, lr_scale: float) -> float:
 
 class LowLRConfig(MethodConfig):
     name: Literal["low_lr"] = Field("low_lr", description="Low-SFT: SFT at a reduced LR.")
-    lr_scale: float = Field(
+    lr_scale: Positive = Field(
         0.1,
-        gt=0,
         description="Factor on each task's learning rate. The Anchored Learning summary gives "
         "no value for Low-SFT; 0.1 (one decade lower) is this toolkit's default.",
     )
@@ -30,7 +31,7 @@ class LowLRConfig(MethodConfig):
     "low_lr",
     LowLRConfig,
     capabilities={Capability.TRAIN_STAGE},
-    paper=Paper("Stabilizing LLM Supervised Fine-Tuning via Explicit Distributional Control"),
+    paper=ANCHORED_LEARNING,
 )
 class LowLR(Method[LowLRConfig]):
     """Low-SFT, a baseline of Anchored Learning ("Stabilizing LLM Supervised Fine-Tuning via

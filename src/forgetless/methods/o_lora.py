@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from forgetless.contract.hooks import StepContext, TaskContext
 from forgetless.contract.method import Capability, Method, MethodConfig, Paper, declare_method
 from forgetless.core import distributed, sharding
+from forgetless.core.fields import NonNegative
 
 # --- the math ---------------------------------------------------------------------------------
 
@@ -76,15 +77,13 @@ def lora_a_matrices(model: nn.Module, adapters: list[str]) -> dict[str, list[Ten
 
 class OLoRAConfig(MethodConfig):
     name: Literal["o_lora"] = Field("o_lora", description="Orthogonal-subspace LoRA (O-LoRA).")
-    lambda_orth: float = Field(
+    lambda_orth: NonNegative = Field(
         0.5,
-        ge=0,
         description="Weight λ1 of the orthogonality loss between the new adapter's A and the "
         "past adapters' A (0.5 in the authors' scripts for T5 and LLaMA).",
     )
-    lambda_l2: float = Field(
+    lambda_l2: NonNegative = Field(
         0.0,
-        ge=0,
         description="Weight λ2 of the squared L2 norm of the new adapter's A and B (0 in the "
         "authors' scripts).",
     )

@@ -23,6 +23,7 @@ from forgetless.contract.method import (
     TaskEndContext,
     declare_method,
 )
+from forgetless.core.fields import Count, Fraction
 from forgetless.errors import DataError
 from forgetless.strict import StrictModel
 from forgetless.tasks.base import Example
@@ -183,8 +184,8 @@ class GeneralReplay(StrictModel):
     ratio: float = Field(
         0.25, gt=0.0, le=1.0, description="Fraction of each micro-batch replaced by general data."
     )
-    max_examples: int = Field(
-        1000, ge=1, description="General examples kept to draw from (the source's first ones)."
+    max_examples: Count = Field(
+        1000, description="General examples kept to draw from (the source's first ones)."
     )
 
     @field_validator("source")
@@ -201,10 +202,8 @@ class ReplayConfig(MethodConfig):
     buffer_size: int = Field(
         200, ge=0, description="Examples kept in the episodic memory, over all past tasks."
     )
-    ratio: float = Field(
+    ratio: Fraction = Field(
         0.25,
-        ge=0.0,
-        le=1.0,
         description="Fraction of each micro-batch replaced by memory examples (CLEAR uses 0.5).",
     )
     seed: int = Field(

@@ -17,6 +17,7 @@ from transformers import PrinterCallback, TrainerCallback
 from forgetless.contract.hooks import Stage
 from forgetless.contract.method import Capability, Method, MethodConfig, Paper, declare_method
 from forgetless.contract.plan import TrainStats
+from forgetless.core.fields import Count, NonNegative, Positive
 from forgetless.engine.loop import steps_for_epochs
 from forgetless.engine.resources import peak_memory_mb
 from forgetless.errors import ConfigError
@@ -34,40 +35,37 @@ class RLConfig(MethodConfig):
         "before RL on the same task: base → SFT → RL, as in the circuit-retention paper "
         "(shared/papers/000). false: RL only, from the model the task is given.",
     )
-    rl_epochs: float = Field(
+    rl_epochs: Positive = Field(
         1.0,
-        gt=0,
         description="Passes of RL over the task's training prompts (the paper runs 2 epochs); "
         "ignored when rl_steps is set.",
     )
-    rl_steps: int | None = Field(
-        None, ge=1, description="RL optimizer steps in all, overriding rl_epochs."
+    rl_steps: Count | None = Field(
+        None, description="RL optimizer steps in all, overriding rl_epochs."
     )
-    rl_prompts: int | None = Field(
-        None, ge=1, description="Use only the first N training prompts for RL (default: all)."
+    rl_prompts: Count | None = Field(
+        None, description="Use only the first N training prompts for RL (default: all)."
     )
-    prompts_per_step: int = Field(
-        8, ge=1, description="Prompts per RL step; each is sampled group_size times."
+    prompts_per_step: Count = Field(
+        8, description="Prompts per RL step; each is sampled group_size times."
     )
     group_size: int = Field(
         8, ge=2, description=f"G, completions sampled per prompt (the group). {_DR_GRPO} uses 8."
     )
-    max_completion_length: int | None = Field(
+    max_completion_length: Count | None = Field(
         None,
-        ge=1,
         description="Generation length of a completion in tokens (default: the task's "
         "max_new_tokens); also the Dr.GRPO loss's constant normaliser.",
     )
-    temperature: float = Field(1.0, gt=0, description="Sampling temperature of the rollouts.")
-    rl_lr: float | None = Field(
-        None, gt=0, description="RL learning rate (default: the task's SFT learning rate)."
+    temperature: Positive = Field(1.0, description="Sampling temperature of the rollouts.")
+    rl_lr: Positive | None = Field(
+        None, description="RL learning rate (default: the task's SFT learning rate)."
     )
-    beta: float = Field(
+    beta: NonNegative = Field(
         0.0,
-        ge=0,
         description=f"Weight of the KL penalty to the model RL starts from. 0 in {_DR_GRPO}.",
     )
-    epsilon: float = Field(0.2, gt=0, description="PPO clipping range of the ratio (TRL default).")
+    epsilon: Positive = Field(0.2, description="PPO clipping range of the ratio (TRL default).")
     partial_credit: float = Field(
         0.0,
         ge=0,

@@ -23,6 +23,7 @@ from forgetless.contract.hooks import Batch, MethodState, StepContext, TaskConte
 from forgetless.contract.method import Capability, Knob, Method, MethodConfig, Paper, declare_method
 from forgetless.core import distributed
 from forgetless.core.dtypes import DTYPES
+from forgetless.core.fields import Count, Positive
 from forgetless.engine.loop import causal_lm_loss
 from forgetless.errors import ConfigError
 from forgetless.sae.activations import (
@@ -242,9 +243,8 @@ def anchor_bytes_per_token(d: int, dtype: torch.dtype, vocab_size: int) -> int:
 
 class SAEFDConfig(MethodConfig):
     name: Literal["sae_fd"] = Field("sae_fd", description="Feature distillation in SAE space.")
-    anchor_samples: int = Field(
+    anchor_samples: Count = Field(
         128,
-        ge=1,
         description="N_a, anchor samples captured per finished task (training examples). The "
         "paper's summary calls the set small without a number.",
     )
@@ -279,9 +279,8 @@ class SAEFDConfig(MethodConfig):
         "L_task falls (the paper: λ high when a task starts, when forgetting is likeliest); "
         "carry = the value the last task ended with.",
     )
-    lam: float = Field(
+    lam: Positive = Field(
         1.0,
-        gt=0,
         description="λ when adaptive is false (the paper's fixed-λ ablation uses 1.0), and the "
         "starting λ of the EMA.",
     )
@@ -295,8 +294,8 @@ class SAEFDConfig(MethodConfig):
     ema: float = Field(
         0.05, gt=0, le=1, description="EMA rate η of λ ← (1−η)λ + ηλ*; 0.05 (same source)."
     )
-    lam_min: float = Field(0.2, gt=0, description="Lower clip of λ; 0.2 (same source).")
-    lam_max: float = Field(10.0, gt=0, description="Upper clip of λ; 10 (same source).")
+    lam_min: Positive = Field(0.2, description="Lower clip of λ; 0.2 (same source).")
+    lam_max: Positive = Field(10.0, description="Upper clip of λ; 10 (same source).")
     sae_path: str | None = Field(
         None,
         description="Folder with sae.safetensors + sae_config.json (from `forgetless sae train`); "

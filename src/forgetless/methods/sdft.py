@@ -26,6 +26,7 @@ from torch import nn
 from forgetless.contract.hooks import Batch, Stage, StepContext, TaskContext
 from forgetless.contract.method import Capability, Knob, Method, MethodConfig, Paper, declare_method
 from forgetless.contract.plan import TrainStats
+from forgetless.core.fields import Count, Fraction, Positive
 from forgetless.core.modules import trainable_parameters
 from forgetless.core.storage import MethodState
 from forgetless.errors import DataError, ModelLoadError
@@ -223,24 +224,19 @@ class SDFTConfig(MethodConfig):
         "task's start (the paper). base: the frozen model the run starts from, the same for "
         f"every task ({_TRL} teacher_model_kind='base'; its 'live' is ema with ema_rate 1).",
     )
-    ema_rate: float = Field(
+    ema_rate: Fraction = Field(
         0.01,
-        ge=0,
-        le=1,
         description="τ, the EMA teacher's step: teacher ← (1−τ)·teacher + τ·student after every "
         f"optimizer step. 0.01 in the paper's code; {_TRL} default is 0.05.",
     )
-    alpha: float = Field(
+    alpha: Fraction = Field(
         1.0,
-        ge=0,
-        le=1,
         description="The divergence: 1 is the reverse KL(p_student ‖ p_teacher) of the paper, 0 "
         "the forward KL(p_teacher ‖ p_student), in between the generalised Jensen-Shannon "
         f"divergence ({_TRL} distillation_alpha, default 0.5 there).",
     )
-    top_k: int | None = Field(
+    top_k: Count | None = Field(
         None,
-        ge=1,
         description="null: the divergence over the full vocabulary (the paper). k: over the "
         f"student's top-k tokens only ({_TRL} distillation_mode='topk_logits', k=100 there).",
     )
@@ -255,12 +251,11 @@ class SDFTConfig(MethodConfig):
         description="Leave the first N completion tokens out of the loss (TRL's "
         "num_loss_tokens_to_skip; the paper's training script uses 3).",
     )
-    max_new_tokens: int | None = Field(
-        None, ge=1, description="Length limit of a sampled completion (default: the task's)."
+    max_new_tokens: Count | None = Field(
+        None, description="Length limit of a sampled completion (default: the task's)."
     )
-    temperature: float = Field(
+    temperature: Positive = Field(
         1.0,
-        gt=0,
         description="Sampling temperature; both models' logits are divided by it in the loss, "
         "as TRL does (1.0 in the paper and TRL).",
     )
@@ -297,10 +292,7 @@ def frozen(model: nn.Module) -> nn.Module:
     SDFTConfig,
     capabilities={Capability.TRAIN_STAGE, Capability.BATCH_TRANSFORM, Capability.STATE},
     paper=Paper(
-        "Self-Distillation Enables Continual Learning",
-        "Shenfeld et al.",
-        2026,
-        "arXiv:2601.19897",
+        "Self-Distillation Enables Continual Learning", "Shenfeld et al.", 2026, "arXiv:2601.19897"
     ),
 )
 class SDFT(Method[SDFTConfig]):

@@ -21,6 +21,7 @@ from pydantic import Field
 from forgetless.contract.hooks import Stage
 from forgetless.contract.method import Capability, Knob, Method, MethodConfig, declare_method
 from forgetless.contract.plan import TrainStats
+from forgetless.core.fields import Count
 from forgetless.eval.scorers import score_task
 from forgetless.tasks.base import Example, Task
 from forgetless.tasks.formatting import encode_training_set
@@ -55,14 +56,13 @@ class SelfSFTConfig(MethodConfig):
     name: Literal["self_sft"] = Field(
         "self_sft", description="Self-SFT / Iter-SFT: SFT on the model's own right answers."
     )
-    rounds: int = Field(
+    rounds: Count = Field(
         1,
-        ge=1,
         description="Rounds per task, each with targets regenerated from the current model and "
         "a fresh optimizer: 1 is Self-SFT, more is Iter-SFT. The task's steps are split "
         "evenly over the rounds.",
     )
-    generation_batch: int = Field(64, ge=1, description="Prompts per generation batch.")
+    generation_batch: Count = Field(64, description="Prompts per generation batch.")
 
 
 @declare_method("self_sft", SelfSFTConfig, capabilities={Capability.TRAIN_STAGE})

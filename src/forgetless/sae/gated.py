@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
+from forgetless.core.fields import Count, Positive
 from forgetless.core.modules import freeze
 
 WEIGHTS_FILE = "sae.safetensors"
@@ -47,9 +48,9 @@ class GatedSAEConfig(BaseModel):
     """The shape of a gated SAE and the fixed scale its inputs are divided by."""
 
     model_config = ConfigDict(extra="forbid")
-    d_in: int = Field(ge=1, description="Width d of the activations it encodes.")
-    d_sae: int = Field(ge=1, description="Number of features D (D ≫ d: overcomplete).")
-    input_scale: float = Field(1.0, gt=0, description="Activations are divided by this first.")
+    d_in: Count = Field(description="Width d of the activations it encodes.")
+    d_sae: Count = Field(description="Number of features D (D ≫ d: overcomplete).")
+    input_scale: Positive = Field(1.0, description="Activations are divided by this first.")
 
 
 class GatedSAE(nn.Module):

@@ -11,6 +11,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor
 
+from forgetless.core.fields import Count, Fraction, NonNegative, Positive
 from forgetless.core.modules import freeze
 from forgetless.sae.gated import (
     GatedSAE,
@@ -28,33 +29,31 @@ class SAETrainConfig(BaseModel):
     """How the gated SAE is built and trained (on the base model's last-layer MLP outputs)."""
 
     model_config = ConfigDict(extra="forbid")
-    expansion: int = Field(8, ge=1, description="Features per activation dimension: D = e·d.")
-    l1_coeff: float = Field(
+    expansion: Count = Field(8, description="Features per activation dimension: D = e·d.")
+    l1_coeff: NonNegative = Field(
         0.4,
-        ge=0,
         description="λ_sparse on ‖ReLU(π_gate)‖₁, with activations scaled to E‖h‖² = 1. Chosen "
         "on synthetic data with a known dictionary (benchmarks/sae_recovery.py; d = 128, 8 of "
         "1024 directions per vector, D = 1024, 2000 steps): 0.3 gave L0 11.9, 0.4 L0 9.0 with "
         "987/1024 directions recovered, 0.5 L0 7.3. On the tiny base 0.4 gives EV 0.95 at L0 2.7, "
         "0.2 EV 0.976 at L0 6.3 (docs/sae_fd.md). Tune per model.",
     )
-    steps: int = Field(3000, ge=1, description="Adam steps.")
-    batch_size: int = Field(1024, ge=1, description="Activation vectors (tokens) per step.")
-    lr: float = Field(1e-3, gt=0, description="Adam learning rate (constant after warm-up).")
-    l1_warmup: float = Field(
-        0.05, ge=0, le=1, description="Share of the steps over which λ_sparse ramps up from 0."
+    steps: Count = Field(3000, description="Adam steps.")
+    batch_size: Count = Field(1024, description="Activation vectors (tokens) per step.")
+    lr: Positive = Field(1e-3, description="Adam learning rate (constant after warm-up).")
+    l1_warmup: Fraction = Field(
+        0.05, description="Share of the steps over which λ_sparse ramps up from 0."
     )
-    encoder_init_norm: float = Field(
+    encoder_init_norm: Positive = Field(
         0.1,
-        gt=0,
         description="Norm of the encoder rows at step 0 (W_gate = this · W_decᵀ, unit-norm "
         "decoder columns): short rows start the code near zero instead of dense.",
     )
-    grad_clip: float = Field(
-        1.0, ge=0, description="Clip the gradient's total norm to this before each step; 0: off."
+    grad_clip: NonNegative = Field(
+        1.0, description="Clip the gradient's total norm to this before each step; 0: off."
     )
-    n_per_task: int = Field(
-        300, ge=1, description="Examples per data source for the activations (train split)."
+    n_per_task: Count = Field(
+        300, description="Examples per data source for the activations (train split)."
     )
     tasks: list[str | dict[str, Any]] | None = Field(
         None,

@@ -12,6 +12,7 @@ from pydantic import Field
 
 from forgetless.contract.hooks import MethodState
 from forgetless.contract.method import Capability, MethodConfig, Paper, declare_method
+from forgetless.core.fields import NonNegative
 from forgetless.diagnostics.geometry import LowRank
 from forgetless.experimental.gcwm import GCWMParams, gcwm_layer, options_of, truncate
 from forgetless.merging.blocks import is_block_matrix
@@ -20,9 +21,8 @@ from forgetless.methods.continual_merge import ContinualMerge, Tensors
 
 class GCWMConfig(MethodConfig, GCWMParams):
     name: Literal["gcwm"] = Field("gcwm", description="Geometry-conflict Wasserstein merging.")
-    scaling: float = Field(
+    scaling: NonNegative = Field(
         1.0,
-        ge=0,
         description="w, each task's weight in the plain branch Σ_t w Δ_t and in the consensus "
         "(1: the plain branch is sequential fine-tuning). Toolkit default.",
     )
