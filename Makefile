@@ -31,8 +31,9 @@ browser:  ## Debian's chromium, for the report's browser test (root or sudo; ski
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium \
 	  || echo "chromium could not be installed: the browser test will skip (it fails under CI)"; }
 
+DEMO_JOBS ?= 2
 demo: setup  ## the bench demo from the shipped tiny base: compare methods, write the report
-	$(VENV)/bin/forgetless bench --seeds 1 --out runs/demo
+	$(VENV)/bin/forgetless bench --seeds 1 --jobs $(DEMO_JOBS) --out runs/demo
 
 lint: setup
 	$(VENV)/bin/ruff check src tests benchmarks studies

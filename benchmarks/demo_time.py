@@ -26,7 +26,7 @@ OUT = Path(__file__).parent / "results" / "demo_time.json"
 
 def timed_demo(cache: Path, out: Path, bench: bool) -> float:
     env = {**os.environ, "FORGETLESS_CACHE": str(cache)}
-    verb = ["bench", "--seeds", "1"] if bench else ["run"]
+    verb = ["bench", "--seeds", "1", "--jobs", "2"] if bench else ["run"]
     command = [sys.executable, "-m", "forgetless.cli.app", *verb, "--out", str(out), "--quiet"]
     start = time.perf_counter()
     subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL)

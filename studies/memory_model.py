@@ -40,6 +40,9 @@ class MethodMemory:
     """Bytes per element of each copy of the whole model (a frozen reference: sharded too when
     wrapped alike)."""
     why: str = ""
+    full_only_copies: bool = False
+    """The whole-model copies are kept only without LoRA: under LoRA the model with its
+    adapters switched off serves (KL-SFT's and ASFT's reference)."""
     copies_hold_adapters: bool = False
     """Each whole-model copy is a copy of the adapted model: under LoRA it holds the adapters
     too (one trainable-sized tensor more per copy)."""
@@ -64,7 +67,12 @@ METHODS = {
     "seq_ft": MethodMemory(why="the model and AdamW"),
     "replay": MethodMemory(why="a buffer of examples (token-sized)"),
     "ewc": MethodMemory((4.0, 2.0), why="fp32 Fisher + bf16 anchor weights"),
-    "kl_sft": MethodMemory((), (2.0,), "a frozen bf16 reference model"),
+    "kl_sft": MethodMemory(
+        (),
+        (2.0,),
+        "a frozen bf16 reference model (none under LoRA: the adapter-free model)",
+        full_only_copies=True,
+    ),
     "low_lr": MethodMemory(why="the model and AdamW"),
     "anchored": MethodMemory(
         (),
@@ -96,7 +104,10 @@ def predicted_copies(name: str, row: dict[str, Any]) -> float:
     if memory.copies_hold_adapters and row.get("mode") == "lora":
         copy += row["trainable"]
     widths = len(memory.trainable_widths) + len(memory.whole_widths)
-    extra = widths * row["trainable"] + len(memory.weight_widths) * copy
+    copies = (
+        0 if memory.full_only_copies and row.get("mode") == "lora" else len(memory.weight_widths)
+    )
+    extra = widths * row["trainable"] + copies * copy
     return extra / row["trainable"]
 
 
@@ -107,7 +118,8 @@ def per_device_gb(
     trainable = params * (LORA_FRACTION if lora else 1.0)
     frozen = params - trainable if lora else 0.0
     copy = params + (trainable if lora and method.copies_hold_adapters else 0.0)
-    weights = trainable * 2.0 + frozen * FROZEN_BYTES + copy * method.per_weight
+    per_weight = 0.0 if lora and method.full_only_copies else method.per_weight
+    weights = trainable * 2.0 + frozen * FROZEN_BYTES + copy * per_weight
     grads_and_optimizer = trainable * (TRAINABLE_BYTES - 2.0)
     state = trainable * method.per_trainable
     whole = trainable * method.per_whole  # never divided

@@ -23,7 +23,9 @@ A memory table (``<!-- memory-table: DEVICES -->`` … ``<!-- /memory-table -->`
 ``memory_check.py``'s measured tensors beside the model's. A method-steps block
 (``<!-- method-steps: benchmarks/results/FILE -->``) renders a ``method_steps.py`` report as
 RESULTS.md does; a step-ratios block (``<!-- step-ratios: FILE -->``) ``remedies_cost.py``'s
-steps on SmolLM2-135M. ``--check`` exits 1 when a document differs from what its data
+steps on SmolLM2-135M; a memory-plan check
+(``<!-- memory-plan-check: FOLDER -->``) every ``memory_plan_check.py`` report of
+``benchmarks/results/FOLDER/``. ``--check`` exits 1 when a document differs from what its data
 renders (a test runs it).
 
     python studies/render_tables.py [--check] [FILES...]
@@ -49,6 +51,7 @@ from gcwm_gates import render_gates
 from geometry_claims import render_geometry, render_geometry_within
 from memory_model import check_table
 from memory_model import table as memory_table
+from memory_plan_check import render_folder
 from runs import kept_record, pack_path, read_pack
 
 from forgetless.bench.campaign import config_key
@@ -64,6 +67,11 @@ CAMPAIGN = re.compile(r"(<!-- campaign-table: (\S+) -->\n)(.*?)(<!-- /campaign-t
 TASKS = re.compile(r"(<!-- tasks-table: (\S+) -->\n)(.*?)(<!-- /tasks-table -->)", re.S)
 MEMORY = re.compile(r"(<!-- memory-table: (\d+) -->\n)(.*?)(<!-- /memory-table -->)", re.S)
 MEMORY_CHECK = re.compile(r"(<!-- memory-check: (\S+) -->\n)(.*?)(<!-- /memory-check -->)", re.S)
+PLAN_CHECK = re.compile(
+    r"(<!-- memory-plan-check: (\S+) -->\n)(.*?)(<!-- /memory-plan-check -->)", re.S
+)
+"""The memory plan beside ``gpu_check.py``'s measured peaks, from every report in
+``benchmarks/results/FOLDER/`` (``memory_plan_check.py``)."""
 CLAIMS_BLOCK = re.compile(r"(<!-- claims-table: (\S+) -->\n)(.*?)(<!-- /claims-table -->)", re.S)
 CONFIGS = ROOT / "studies" / "configs"
 SECTION = re.compile(r"(<!-- results-section: (\d) -->\n)(.*?)(<!-- /results-section -->)", re.S)
@@ -86,6 +94,9 @@ METHOD_STEPS = re.compile(r"(<!-- method-steps: (\S+) -->\n)(.*?)(<!-- /method-s
 """A ``benchmarks/method_steps.py`` report (path from the repository root) as RESULTS.md's
 table of every method against ``seq_ft``, with the machine and its load."""
 STEP_RATIOS = re.compile(r"(<!-- step-ratios: (\S+) -->\n)(.*?)(<!-- /step-ratios -->)", re.S)
+PEERS = re.compile(r"(<!-- peer-throughput: (\S+) -->\n)(.*?)(<!-- /peer-throughput -->)", re.S)
+"""``peer_throughput.py``'s report (benchmarks/results/FILE): the step loop beside TRL and the
+transformers Trainer."""
 """``remedies_cost.py``'s steps on SmolLM2-135M against ``seq_ft``'s."""
 AGREEMENT = re.compile(r"(<!-- agreement-table: (\S+) -->\n)(.*?)(<!-- /agreement-table -->)", re.S)
 """Rows of studies/results/scale_out_agreement.json under one layout key (``zero2``, ...)."""
@@ -387,6 +398,13 @@ def render_step_ratios(name: str) -> str:
     return render_steps(json.loads((RESULTS / name).read_text(encoding="utf-8")))
 
 
+def render_peers(name: str) -> str:
+    from peer_throughput import render_table  # benchmarks/ is on sys.path (circuits_claims)
+
+    path = ROOT / "benchmarks" / "results" / name
+    return render_table(json.loads(path.read_text(encoding="utf-8")))
+
+
 def render_tasks(name: str) -> str:
     if not (RESULTS / name).is_file():
         return f"Not measured yet: `studies/results/{name}` is not there.\n"
@@ -466,6 +484,12 @@ def rewrite(text: str) -> str:
         return match.group(1) + render_step_ratios(match.group(2)) + match.group(4)
 
     text = STEP_RATIOS.sub(ratios, METHOD_STEPS.sub(steps, text))
+    text = PEERS.sub(lambda m: m.group(1) + render_peers(m.group(2)) + m.group(4), text)
+
+    def plan_checked(match: re.Match[str]) -> str:
+        return match.group(1) + render_folder(match.group(2)) + match.group(4)
+
+    text = PLAN_CHECK.sub(plan_checked, text)
     return MEMORY_CHECK.sub(checked, BUDGET.sub(budget, text))
 
 

@@ -9,13 +9,30 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from forgetless.testing import TINY, save_tiny, tiny_run_config, write_jsonl
 
-__all__ = ["TINY", "save_tiny", "tiny_run_config", "write_jsonl"]
+__all__ = ["TINY", "moved_lora", "save_tiny", "tiny_run_config", "write_jsonl"]
+
+
+def moved_lora(model_dir: Path, **lora: Any) -> Any:
+    """The saved tiny model under LoRA adapters (PEFT ``LoraConfig`` fields; r 2, q and v by
+    default) whose B factors are moved off zero: a model that is no longer the base."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir))
+    settings = {"r": 2, "target_modules": ["q_proj", "v_proj"], **lora}
+    peft_model = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **settings))
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_B" in name:
+                param.add_(torch.randn_like(param), alpha=0.5)
+    return peft_model.train()
 
 
 @pytest.fixture(autouse=True)

@@ -17,7 +17,6 @@ from forgetless.errors import ModelLoadError
 from forgetless.models import quantized
 
 REFUSED = {
-    "kl_sft": "second, full-precision copy",
     "sdft": "EMA teacher",
     "rl": "merges the adapters",
     "anchored": "whole copies",

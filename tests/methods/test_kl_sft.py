@@ -7,17 +7,21 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import tiny_run_config
+from conftest import moved_lora, tiny_run_config
 from rich.console import Console
 from safetensors.torch import load_file, load_model
+from transformers import AutoModelForCausalLM
 
 from forgetless.config.loading import validate_config
 from forgetless.config.schema import ModelConfig
 from forgetless.contract.method import Capability, StepContext
+from forgetless.engine.loop import StepLoop
 from forgetless.eval import metrics
 from forgetless.eval.generation import completion_logprobs, kl_drift
 from forgetless.methods.kl_sft import KLSFT, KLSFTConfig, token_kl
 from forgetless.models.loading import load_model_and_tokenizer
+from forgetless.tasks.formatting import IGNORE_INDEX, collate, completion_window
+from forgetless.testing import task_context
 from forgetless.training.runner import Runner, load_tasks
 
 
@@ -46,8 +50,9 @@ def test_penalty_is_zero_while_the_model_is_the_base(tiny_model_dir: Path, tmp_p
     one_step = {"steps": 1, "batch_size": 8, "lr": 1e-3, "max_length": 32}
     results = run(tiny_model_dir, tmp_path, method, tasks=["reverse"], train=one_step)
     assert results["per_task"][0]["loss_terms"]["kl_sft"] == 0.0
-    assert method.reference is not None and not method.reference.training
-    assert not any(p.requires_grad for p in method.reference.parameters())
+    reference = method.reference.copy  # full fine-tuning: a loaded frozen copy
+    assert reference is not None and not reference.training
+    assert not any(p.requires_grad for p in reference.parameters())
 
 
 def _drift_on_task(model_dir: Path, run_dir: Path, cfg: Any) -> float:
@@ -114,3 +119,47 @@ def test_resumed_run_uses_the_base_as_reference(
             load_file(str(tmp_path / "crash" / file.relative_to(tmp_path / "full"))),
         )
         assert all(torch.equal(a[k], b[k]) for k in a), file
+
+
+def _never_load() -> Any:
+    raise AssertionError("under LoRA, KL-SFT must not load a second copy of the base")
+
+
+def test_under_lora_the_reference_is_the_adapter_free_model(tiny_model_dir: Path) -> None:
+    torch.manual_seed(0)
+    lora = moved_lora(tiny_model_dir)
+    ctx = task_context(lora, ["reverse"], n_train=4, finetune_mode="lora", lora_regime="carry")
+    ctx.run.load_base = _never_load
+    method = KLSFT(KLSFTConfig(beta=1.0))
+    method.on_task_start(ctx)
+    batch = collate(ctx.train_features, ctx.tokenizer.pad_token_id)
+    inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+    out = lora(**inputs)
+    got = method.loss_terms(batch, out, StepContext(ctx, 0, 1))["kl_sft"]
+    base = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir)).eval()
+    with torch.no_grad():
+        base_logits = base(**inputs).logits
+    mask = batch["labels"][:, 1:] != IGNORE_INDEX
+    expected = token_kl(out.logits[:, :-1], base_logits[:, :-1], mask)
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=0)
+    assert got.item() > 1e-4 and lora.training
+
+
+def test_the_loop_gives_it_the_completion_window_and_the_kl_is_unchanged(
+    tiny_model_dir: Path,
+) -> None:
+    torch.manual_seed(0)
+    lora = moved_lora(tiny_model_dir)
+    ctx = task_context(lora, ["reverse"], n_train=4, finetune_mode="lora", lora_regime="carry")
+    method = KLSFT(KLSFTConfig(beta=1.0))
+    method.on_task_start(ctx)
+    loop = StepLoop(lora, method, ctx, ctx.tokenizer.pad_token_id)
+    assert loop._windowed(None)
+    batch = collate(ctx.train_features, ctx.tokenizer.pad_token_id)
+    inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+    keep = completion_window(batch["labels"])
+    assert keep < batch["input_ids"].shape[1]  # the window leaves the prompt's logits out
+    step = StepContext(ctx, 0, 1)
+    full = method.loss_terms(batch, lora(**inputs), step)["kl_sft"]
+    windowed = method.loss_terms(batch, lora(**inputs, logits_to_keep=keep), step)["kl_sft"]
+    torch.testing.assert_close(windowed, full, atol=1e-6, rtol=0)

@@ -11,16 +11,17 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import tiny_run_config
+from conftest import moved_lora, tiny_run_config
 from peft import LoraConfig, get_peft_model
 from rich.console import Console
 from transformers import AutoModelForCausalLM
 
 from forgetless.config.loading import validate_config
-from forgetless.contract.method import StepContext
+from forgetless.contract.method import Capability, StepContext, create_method, method_class
+from forgetless.engine.loop import StepLoop
 from forgetless.methods.asft import ASFT, ASFTConfig
 from forgetless.methods.token_weighting import asft_loss, dft_loss, eaft_loss
-from forgetless.tasks.formatting import IGNORE_INDEX, collate
+from forgetless.tasks.formatting import IGNORE_INDEX, collate, completion_window
 from forgetless.testing import task_context
 from forgetless.training.runner import Runner
 
@@ -189,7 +190,7 @@ def test_asft_under_lora_anchors_to_the_adapter_free_model(tiny_model_dir: Path)
     ctx.run.load_base = _never_load
     method = ASFT(ASFTConfig(alpha=1.0))
     method.on_task_start(ctx)
-    assert method.reference is None and method.adapter_free
+    assert method.reference.copy is None and method.reference.adapter_free
     batch = collate(ctx.train_features, ctx.tokenizer.pad_token_id)
     step = StepContext(ctx, 0, 1)
     labels = batch["labels"]
@@ -229,4 +230,26 @@ def test_asft_loads_the_base_where_the_adapters_are_folded_in(tiny_model_dir: Pa
     ctx.run.load_base = load_base
     method = ASFT(ASFTConfig())
     method.on_task_start(ctx)
-    assert loads == ["base"] and method.reference is not None and not method.adapter_free
+    assert loads == ["base"] and method.reference.copy is not None
+    assert not method.reference.adapter_free
+
+
+@pytest.mark.parametrize("name", ["dft", "asft", "eaft"])
+def test_the_loop_gives_the_completion_window_and_the_loss_is_unchanged(
+    name: str, tiny_model_dir: Path
+) -> None:
+    torch.manual_seed(0)
+    lora = moved_lora(tiny_model_dir)
+    ctx = task_context(lora, ["reverse"], n_train=4, finetune_mode="lora", lora_regime="carry")
+    method = create_method(method_class(name).config_cls.model_validate({}))
+    if method.uses(Capability.TASK_START):
+        method.on_task_start(ctx)
+    assert StepLoop(lora, method, ctx, ctx.tokenizer.pad_token_id)._windowed(None)
+    batch = collate(ctx.train_features, ctx.tokenizer.pad_token_id)
+    inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+    keep = completion_window(batch["labels"])
+    assert keep < batch["input_ids"].shape[1]
+    step = StepContext(ctx, 0, 1)
+    full = method.task_loss(batch, lora(**inputs), step)
+    windowed = method.task_loss(batch, lora(**inputs, logits_to_keep=keep), step)
+    torch.testing.assert_close(windowed, full, atol=1e-6, rtol=0)

@@ -122,6 +122,11 @@ class Method(Generic[ConfigT]):
     """True when the method's loss terms never read ``outputs.logits``' values, so the loop may
     compute logits only over the completion window (methods without ``LOSS_TERMS`` or
     ``REPLACE_LOSS`` get the window anyway, since they never see the outputs)."""
+    tail_logits_ok: ClassVar[bool] = False
+    """True when the method's loss hooks read ``outputs.logits`` only over the positions they
+    are given, aligning labels by the tail (``labels[:, -logits.size(1):]``), and compute any
+    reference over the same: the loop may then give them the completion window's logits alone
+    (``logits_to_keep``), which spares most of a large vocabulary's output layer."""
     padding_free_ok: ClassVar[bool | None] = None
     """Whether the method trains correctly on padding-free batches (``train.padding_free``);
     None: decided from its capabilities by :func:`padding_rule_broken`, at validate."""

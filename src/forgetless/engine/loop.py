@@ -423,9 +423,12 @@ class StepLoop:
         return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
 
     def _windowed(self, loss_fn: LossFn | None) -> bool:
-        """Whether nothing but the default loss reads the logits (see ``Method.window_ok``)."""
+        """Whether the logits may cover the completion window alone: nothing but the default
+        loss reads them, or the method reads them by the tail (``Method.window_ok``,
+        ``Method.tail_logits_ok``)."""
         reads = self.method.uses(Capability.REPLACE_LOSS) or self.method.uses(Capability.LOSS_TERMS)
-        return loss_fn is None and (not reads or self.method.window_ok)
+        tail = self.method.window_ok or self.method.tail_logits_ok
+        return loss_fn is None and (not reads or tail)
 
     def _trainable(self) -> list[nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]

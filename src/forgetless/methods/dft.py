@@ -39,6 +39,7 @@ class DFT(Method[DFTConfig]):
     """
 
     unsharded = None  # reads only the step's own logits
+    tail_logits_ok = True  # its loss aligns labels by the logits' tail
     knob = Knob("lr_scale", keeps_more="lower", low=0.01, high=1.0, learning_rate=True)
     """Under a budget: the learning rate (DFT has no strength of its own)."""
 

@@ -9,6 +9,7 @@ from pydantic import Field
 
 from forgetless.contract.hooks import Batch, StepContext
 from forgetless.contract.method import Capability, Knob, Method, MethodConfig, Paper, declare_method
+from forgetless.core.fields import NonNegative
 from forgetless.methods.token_weighting import eaft_loss
 
 
@@ -16,9 +17,8 @@ class EAFTConfig(MethodConfig):
     name: Literal["eaft"] = Field(
         "eaft", description="Entropy-Adaptive Fine-Tuning: cross-entropy gated by entropy."
     )
-    alpha: float = Field(
+    alpha: NonNegative = Field(
         1.0,
-        ge=0,
         description="α, the power of the normalised entropy weight (0: plain cross-entropy). "
         "Default 1 from LLaMA-Factory's eaft_alpha (the paper's linear gate).",
     )
@@ -50,6 +50,7 @@ class EAFT(Method[EAFTConfig]):
     """
 
     unsharded = None  # reads only the step's own logits
+    tail_logits_ok = True  # its loss aligns labels by the logits' tail
     knob = Knob("alpha", keeps_more="higher", low=0.01, high=10.0)
     """Under a budget: α (a higher power shrinks every weight below 1, confident tokens most)."""
     smoke: ClassVar[dict[str, Any]] = {"alpha": 1.0, "top_k": 20}

@@ -6,12 +6,13 @@ from typing import Any, ClassVar, Literal
 
 import torch
 from pydantic import Field
-from torch import nn
 
 from forgetless.contract.hooks import Batch, StepContext, TaskContext
-from forgetless.contract.method import Capability, Knob, Method, MethodConfig, Paper, declare_method
-from forgetless.core.modules import freeze
+from forgetless.contract.method import Capability, Knob, Method, MethodConfig, declare_method
+from forgetless.core.fields import NonNegative
 from forgetless.eval import metrics
+from forgetless.methods.base_reference import BaseReference
+from forgetless.methods.papers import ANCHORED_LEARNING
 from forgetless.tasks.formatting import IGNORE_INDEX
 
 Direction = Literal["model_to_base", "base_to_model"]
@@ -38,9 +39,8 @@ def token_kl(
 
 class KLSFTConfig(MethodConfig):
     name: Literal["kl_sft"] = Field("kl_sft", description="SFT + static KL to the base model.")
-    beta: float = Field(
+    beta: NonNegative = Field(
         0.1,
-        ge=0,
         description="β, the weight of the KL term. The Anchored Learning summary names KL-SFT "
         "as a baseline without a value; 0.1 is a moderate default, tune it per run.",
     )
@@ -55,7 +55,7 @@ class KLSFTConfig(MethodConfig):
     "kl_sft",
     KLSFTConfig,
     capabilities={Capability.TASK_START, Capability.LOSS_TERMS},
-    paper=Paper("Stabilizing LLM Supervised Fine-Tuning via Explicit Distributional Control"),
+    paper=ANCHORED_LEARNING,
 )
 class KLSFT(Method[KLSFTConfig]):
     """KL-SFT, a baseline of Anchored Learning ("Stabilizing LLM Supervised Fine-Tuning via
@@ -65,33 +65,29 @@ class KLSFT(Method[KLSFTConfig]):
     anchor. The summary fixes neither the direction nor β; the default direction is the reverse
     KL of KL-regularised fine-tuning, and ``direction`` switches it.
 
-    The reference is a frozen full copy of the base model kept on the device (one more model's
-    weights, no gradients or optimizer state) plus one extra forward pass per micro-batch. It is
-    loaded from the run's base-model source (``RunInfo.load_base``), so a run resumed at a later
-    task gets the same reference as an uninterrupted one.
+    The reference is the run's base model (``BaseReference``): under LoRA the model itself with
+    its adapters switched off, no second copy of the weights; else a frozen copy loaded from the
+    run's base-model source, so a resumed run gets the same reference. It costs one extra no-grad
+    forward per micro-batch, over the same completion window as the loop's logits.
     """
 
     # Runs beside FSDP2 shards: the frozen reference stays whole on each process.
     unsharded = None
-    unquantized = "loads a second, full-precision copy of the base as its reference"
+    tail_logits_ok = True  # its KL is over the completion tokens, aligned by the tail
     knob = Knob("beta", keeps_more="higher", low=1e-4, high=1e3)
     """Under a budget: β, the KL weight."""
     smoke: ClassVar[dict[str, Any]] = {"beta": 0.1}
 
     def __init__(self, config: KLSFTConfig) -> None:
         super().__init__(config)
-        self.reference: nn.Module | None = None
+        self.reference = BaseReference(self.name)
 
     def on_task_start(self, ctx: TaskContext) -> None:
-        if self.reference is None:
-            self.reference = freeze(ctx.run.base_loader(self.name)()).to(ctx.device)
+        self.reference.start(ctx)
 
     def loss_terms(self, batch: Batch, outputs: Any, ctx: StepContext) -> dict[str, torch.Tensor]:
-        assert self.reference is not None, "on_task_start builds the reference"
-        with torch.no_grad():
-            ref = self.reference(
-                input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
-            )
-        mask = batch["labels"][:, 1:] != IGNORE_INDEX
-        kl = token_kl(outputs.logits[:, :-1], ref.logits[:, :-1], mask, self.config.direction)
+        logits = outputs.logits
+        ref_logits = self.reference.logits(batch, ctx, logits.size(1))
+        mask = batch["labels"][:, -logits.size(1) :][:, 1:] != IGNORE_INDEX
+        kl = token_kl(logits[:, :-1], ref_logits[:, :-1], mask, self.config.direction)
         return {"kl_sft": self.config.beta * kl}

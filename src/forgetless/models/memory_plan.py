@@ -316,14 +316,9 @@ def _kl_at_logits(shape: ModelShape, s: Setting) -> float:
     return s.tokens * shape.vocab * (s.act_bytes + 16)
 
 
-def _kl_sft(shape: ModelShape, s: Setting, config: Any, trainable: int) -> float:
-    """A frozen full-precision reference (a whole model), and the KL at the logits."""
-    return _model_copy(shape, s) + _kl_at_logits(shape, s)
-
-
-def _asft(shape: ModelShape, s: Setting, config: Any, trainable: int) -> float:
-    """The KL at the logits; a whole reference copy only without LoRA (under LoRA the model
-    with its adapters switched off is the reference)."""
+def _base_reference_kl(shape: ModelShape, s: Setting, config: Any, trainable: int) -> float:
+    """KL-SFT's and ASFT's: the KL at the logits, and a whole reference copy only without LoRA
+    (under LoRA the model with its adapters switched off is the reference)."""
     copy = 0.0 if s.lora else _model_copy(shape, s)
     return copy + _kl_at_logits(shape, s)
 
@@ -378,8 +373,8 @@ def _trainable_bytes(s: Setting) -> int:
 
 METHOD_STATE: dict[str, StateFn] = {
     "ewc": _copies(2),  # float32 Fisher is the weights' width on a float32 run; anchor: a clone
-    "kl_sft": _kl_sft,
-    "asft": _asft,
+    "kl_sft": _base_reference_kl,
+    "asft": _base_reference_kl,
     "anchored": _anchored,
     "attribution_gate": _attribution,
     "sae_fd": _sae_fd,
