@@ -18,8 +18,9 @@ evaluation, measured by the real-track runs (docs/performance.md), not here.
 
     python benchmarks/peer_throughput.py [--repeats 3] [--steps 25] [--threads 2]
 
-Quick check: ``--repeats 1 --steps 2 --warmup 1 --out /tmp/peers.json``. Needs TRL
-(``pip install -e ".[trl]"``) and the model (``make smollm2``).
+Quick check: ``--repeats 1 --steps 2 --warmup 1 --out /tmp/peers.json``. Where a case's time
+goes: ``--profile trainer --steps 5 --warmup 2`` (torch's operator table, in this process).
+Needs TRL (``pip install -e ".[trl]"``) and the model (``make smollm2``).
 """
 
 from __future__ import annotations
@@ -156,17 +157,21 @@ def hf_case(system: str, args: argparse.Namespace, stamp: Callable[[], None]) ->
     trainer.train()
 
 
-def run_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
-    """One case in this process (the child): its step end times and its peak memory."""
+def train_case(case: str, args: argparse.Namespace, stamp: Callable[[], None]) -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    stamps: list[float] = []
     system, _, method = case.partition(":")
     if system == "forgetless":
-        forgetless_case(method or "seq_ft", args, lambda: stamps.append(time.time()))
+        forgetless_case(method or "seq_ft", args, stamp)
     else:
-        hf_case(system, args, lambda: stamps.append(time.time()))
+        hf_case(system, args, stamp)
+
+
+def run_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One case in this process (the child): its step end times and its peak memory."""
+    stamps: list[float] = []
+    train_case(case, args, lambda: stamps.append(time.time()))
     steps = [b - a for a, b in itertools.pairwise(stamps)][args.warmup - 1 :]
     return {
         "first_step_s": stamps[0] - args.launched,
@@ -174,6 +179,23 @@ def run_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
         "peak_rss_mb": _peak_rss_mb(),
         "tokens_per_step": args.batch_size * args.length,
     }
+
+
+def profile_case(case: str, args: argparse.Namespace) -> str:
+    """Where a case's timed steps spend their time: torch's operator table, by self CPU time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    profiler = profile(activities=[ProfilerActivity.CPU])
+    done: list[int] = []
+
+    def stamp() -> None:
+        done.append(1)
+        if len(done) == args.warmup:  # the warm-up is over: the timed steps are profiled
+            profiler.__enter__()
+
+    train_case(case, args, stamp)
+    profiler.__exit__(None, None, None)
+    return str(profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
 
 
 def _peak_rss_mb() -> float:
@@ -298,11 +320,15 @@ def main() -> None:
     parser.add_argument("--n-train", type=int, default=600, help="examples drawn to find them")
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--profile", metavar="CASE", help="profile one case's timed steps")
     parser.add_argument("--case", help=argparse.SUPPRESS)
     parser.add_argument("--launched", type=float, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.case:
         print(json.dumps(run_case(args.case, args)))
+        return
+    if args.profile:
+        print(profile_case(args.profile, args))
         return
     measure_all(args)
 
