@@ -298,13 +298,14 @@ def render_table(report: dict[str, Any]) -> str:
     lines += ["", "| target | measured | bound | met |", "|---|---|---|---|"]
     for what, spread, bound, met in targets(rows):
         lines.append(f"| {what} | {_cell(spread, '.2f')} | {bound:g} | {'yes' if met else 'no'} |")
-    s, m, load = report["settings"], report["machine"], report["load_average"]
+    from run_all import load_words, machine_words  # benchmarks/ is on sys.path
+
+    s = report["settings"]
     lines.append(
         f"\n{s['repeats']} interleaved repeats of {s['warmup']} warm-up + {s['steps']} timed "
         f"steps, batch {s['batch_size']} × {s['length']} tokens; medians [range over repeats]. "
-        f"On {m['cpu']} ({m['cores']} cores, {m['torch_threads']} torch thread(s), torch "
-        f"{m['torch']}), commit `{report['commit'][:7]}`, 1-minute load average "
-        f"{load['before']:.1f} before, {load['after']:.1f} after."
+        f"On {machine_words(report['machine'])}, commit `{report['commit'][:7]}`, "
+        f"{load_words(report['load_average'])}."
     )
     return "\n".join(lines) + "\n"
 

@@ -89,6 +89,18 @@ def machine(threads: int) -> dict[str, Any]:
     }
 
 
+def machine_words(m: dict[str, Any]) -> str:
+    """``machine()``'s record as a table's footer names it."""
+    return (
+        f"{m['cpu']} ({m['cores']} cores, {m['torch_threads']} torch thread(s), torch {m['torch']})"
+    )
+
+
+def load_words(load: dict[str, float]) -> str:
+    """The 1-minute load average around a measurement: whether other jobs shared the cores."""
+    return f"1-minute load average {load['before']:.1f} before, {load['after']:.1f} after"
+
+
 def run_job(job: Job, quick: bool, results: Path, threads: int) -> dict[str, Any]:
     """Run one benchmark script; its report (or why there is none) and its wall time."""
     args = job.quick if quick else job.full

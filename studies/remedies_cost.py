@@ -26,7 +26,7 @@ from typing import Any
 import benchmarks_path  # noqa: F401  (puts benchmarks/ on sys.path)
 import torch
 from peak_memory import timed_steps
-from run_all import commit, machine
+from run_all import commit, load_words, machine, machine_words
 
 from forgetless.config.loading import validate_config
 from forgetless.config.presets import smollm2_config_dict
@@ -119,13 +119,11 @@ def render_steps(report: dict[str, Any]) -> str:
             f"| `{name}` | {row['step_s']:.2f} ({low:.2f}–{high:.2f}) | "
             f"{row['ratio']:.2f}× ({r_low:.2f}–{r_high:.2f}) |"
         )
-    s, m = report["settings"], report["machine"]
-    load = report["load_average"]
+    s = report["settings"]
     lines.append(
         f"\n{s['repeats']} repeats of {s['warmup']} warm-up + {s['steps']} timed steps each, "
-        f"interleaved; on {m['cpu']} ({m['cores']} cores, {m['torch_threads']} torch thread(s), "
-        f"torch {m['torch']}), 1-minute load average {load['before']:.1f} before, "
-        f"{load['after']:.1f} after."
+        f"interleaved; on {machine_words(report['machine'])}, "
+        f"{load_words(report['load_average'])}."
     )
     return "\n".join(lines) + "\n"
 
