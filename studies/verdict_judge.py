@@ -6,6 +6,7 @@ unclipped above-chance retention): ``verdict_line`` refuses anything else.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from statistics import fmean, stdev
 from typing import Any
@@ -136,8 +137,19 @@ def order_verdict(stat: dict[str, Any], expected: int, adjusted: float | None) -
     return "retains more" if side == expected else "retains less"
 
 
-def judge_family(plan: dict[str, Any], orders: dict[str, Records]) -> list[Judged]:
-    family = [Judged(c["arm"], c["control"], c["expected"], c["source"]) for c in plan["family"]]
+def comparisons(plan: dict[str, Any], family: str = "family") -> list[dict[str, Any]]:
+    """A declared family's comparisons: ``family``, or ``second_family`` (none if undeclared)."""
+    if family == "family":
+        return list(plan["family"])
+    return list(plan.get(family, {}).get("comparisons", []))
+
+
+def judge_family(
+    plan: dict[str, Any], orders: dict[str, Records], which: str = "family"
+) -> list[Judged]:
+    """Every comparison of one declared family, Holm-adjusted across that family's tests."""
+    declared = comparisons(plan, which)
+    family = [Judged(c["arm"], c["control"], c["expected"], c["source"]) for c in declared]
     tests: list[tuple[Judged, str]] = []
     for judged in family:
         for order, records in orders.items():
@@ -166,7 +178,8 @@ def _final(verdicts: dict[str, str]) -> str:
 
 def verdict_line(plan: dict[str, Any], judged: Judged) -> str:
     """One table row; a comparison the plan does not declare, or another metric, is refused."""
-    declared = {(c["arm"], c["control"]) for c in plan["family"]}
+    both = comparisons(plan) + comparisons(plan, "second_family")
+    declared = {(c["arm"], c["control"]) for c in both}
     if (judged.arm, judged.control) not in declared:
         raise ValueError(f"{judged.arm} vs {judged.control}: not in the declared family")
     if judged.metric != plan["metric"]["primary"]:
@@ -189,8 +202,9 @@ def _cell(stat: dict[str, Any]) -> str:
     )
 
 
-def render(plan: dict[str, Any], family: list[Judged]) -> str:
-    dropped = sorted({p for j in family for s in j.orders.values() for p in s.get("dropped", [])})
+def render(plan: dict[str, Any], family: list[Judged], second: Sequence[Judged] = ()) -> str:
+    judged = [*family, *second]
+    dropped = sorted({p for j in judged for s in j.orders.values() for p in s.get("dropped", [])})
     lines = [
         "# Real-track verdicts",
         "",
@@ -207,7 +221,21 @@ def render(plan: dict[str, Any], family: list[Judged]) -> str:
         "|---|---|---|---|",
         *(verdict_line(plan, j) for j in family),
         "",
+        *_second_table(plan, second),
         f"Not in the family: {plan['not_in_family']}",
         "",
     ]
     return "\n".join(lines)
+
+
+def _second_table(plan: dict[str, Any], second: Sequence[Judged]) -> list[str]:
+    if not second:
+        return []
+    return [
+        f"Second family, {plan['second_family']['name']} (Holm across its own tests):",
+        "",
+        "| comparison | order A (persona last) | order B (persona first) | verdict |",
+        "|---|---|---|---|",
+        *(verdict_line(plan, j) for j in second),
+        "",
+    ]

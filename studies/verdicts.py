@@ -142,9 +142,9 @@ def run_stage(plan: dict[str, Any], stage: str, jobs: int) -> int:
     return code
 
 
-def judged(plan: dict[str, Any]) -> list[Judged]:
+def judged(plan: dict[str, Any], which: str = "family") -> list[Judged]:
     orders = {o: kept(config_path(plan, o)) for o in ("a", "b")}
-    return judge_family(plan, orders)
+    return judge_family(plan, orders, which)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -164,13 +164,14 @@ def main(argv: list[str] | None = None) -> int:
         write_config(config_path(plan, "a"), measuring_config(plan, "a", arms), "Order A.")
     elif args.command == "order-b":
         chosen = yaml.safe_load(config_path(plan, "a").read_text())["bench"]["variants"]
-        judged_a = [j for j in judged(plan) if j.verdict_a in ("retains more", "retains less")]
+        both = judged(plan) + judged(plan, "second_family")
+        judged_a = [j for j in both if j.verdict_a in ("retains more", "retains less")]
         names = {j.arm for j in judged_a} | {j.control for j in judged_a}
         arms = {v["name"]: v["method"] for v in chosen if v["name"] in names | {plan["control"]}}
         cfg = measuring_config(plan, "b", copy.deepcopy(arms))
         write_config(config_path(plan, "b"), cfg, "Order B.")
     else:
-        text = render(plan, judged(plan))
+        text = render(plan, judged(plan), judged(plan, "second_family"))
         if args.check:
             return 0 if DOC.is_file() and DOC.read_text(encoding="utf-8") == text else 1
         DOC.write_text(text, encoding="utf-8")

@@ -105,3 +105,32 @@ def test_the_sweep_config_matches_the_plan() -> None:
     assert set(PLAN["seeds"]["measuring"]).isdisjoint(PLAN["seeds"]["retired"])
     names = [t if isinstance(t, str) else t["builtin"] for t in cfg["tasks"]]
     assert names == PLAN["test_bed"]["tasks_order_a"]
+
+
+def test_the_second_family_is_judged_with_its_own_holm() -> None:
+    """General-data replay (issue 51) is declared apart: its two comparisons are judged, Holm
+    counts its own two tests only, and the rendered page gives it its own table."""
+    arms = {"replay-general": (0.55, 0.70), "replay": (0.55, 0.52), "seq_ft": (0.55, 0.40)}
+    records = campaign(arms, {})
+    second = judge_family(PLAN, {"a": records}, "second_family")
+    assert [(j.arm, j.control) for j in second] == [
+        ("replay-general", "seq_ft"),
+        ("replay-general", "replay"),
+    ]
+    p = [j.orders["a"]["p"] for j in second]
+    assert [j.orders["a"]["p_holm"] for j in second] == pytest.approx(holm(p))
+    assert all(j.verdict_a == "retains more" for j in second)
+    first = judge_family(PLAN, {"a": records})
+    page = verdicts.render(PLAN, first, second)
+    assert "Second family, general-data replay" in page
+    assert page.count("| replay-general vs ") == 2
+    assert verdict_line(PLAN, second[1]).startswith("| replay-general vs replay |")
+
+
+def test_the_sweep_runs_the_second_family_arm_at_three_strengths() -> None:
+    names = [v["name"] for v in verdicts.sweep_config(PLAN)["bench"]["variants"]]
+    assert [n for n in names if n.startswith("replay-general@")] == [
+        "replay-general@ratio=0.25",
+        "replay-general@ratio=0.0625",
+        "replay-general@ratio=0.95",
+    ]
