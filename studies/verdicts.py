@@ -60,7 +60,22 @@ def strengths(method: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
         return [("default", method)]
     default = getattr(method_class(method["name"]).config_cls.model_validate(method), knob.field)
     values = [min(knob.high, max(knob.low, default * f)) for f in (1.0, 0.25, 4.0)]
-    return [(f"{knob.field}={v:g}", {**method, knob.field: v}) for v in dict.fromkeys(values)]
+    options = [(f"{knob.field}={v:g}", {**method, knob.field: v}) for v in dict.fromkeys(values)]
+    return [(label, m) for label, m in options if _valid(m)]
+
+
+def _valid(method: dict[str, Any]) -> bool:
+    """Whether the method's config takes these settings (replay's task share and its general
+    share must leave room in the batch)."""
+    from pydantic import ValidationError
+
+    from forgetless.contract import method_class
+
+    try:
+        method_class(method["name"]).config_cls.model_validate(method)
+    except ValidationError:
+        return False
+    return True
 
 
 def sweep_config(plan: dict[str, Any]) -> dict[str, Any]:
