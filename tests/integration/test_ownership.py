@@ -482,6 +482,25 @@ def test_two_benches_of_different_methods_never_share_a_folder(
     assert cli(capsys, *args, "seq_ft")[0] == 0  # the same bench again resumes
 
 
+def test_a_bench_that_only_adds_variants_extends_the_held_one(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = write_yaml(tmp_path / "c.yaml", small(tiny_model_dir, tasks=["reverse"]))
+    out = tmp_path / "bench"
+    args = ["bench", str(config), "--quiet", "--out", str(out), "--methods"]
+    assert cli(capsys, *args, "seq_ft", "--seeds", "1")[0] == 0
+    held = (out / "seq_ft" / "s0" / "results.json").read_bytes()
+    code, err = cli(capsys, *args, "seq_ft,ewc", "--seeds", "1")
+    assert code == 0, err
+    assert (out / "seq_ft" / "s0" / "results.json").read_bytes() == held  # kept, not re-run
+    assert {r["variant"] for r in json.loads((out / "bench.json").read_text())["runs"]} == {
+        "seq_ft",
+        "ewc",
+    }
+    code, err = cli(capsys, *args, "seq_ft,ewc", "--seeds", "2")
+    assert code == 2 and "holds a bench of seq_ft, ewc" in one_line(err)
+
+
 def test_a_second_bench_on_a_busy_folder_is_refused_naming_the_holder(
     tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -37,22 +37,40 @@ METRICS = ["average_accuracy", "bwt", "fwt", "forgetting", "gain", "retention", 
 NOT_FOR_JOINT = {"bwt", "fwt", "forgetting"}
 
 
+def plan_key(base: dict[str, Any], variants: list[Variant], counts: tuple[int, int, int]) -> str:
+    plan = {"base": base, "variants": [v.model_dump() for v in variants], "counts": counts}
+    return hashlib.sha256(json.dumps(plan, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
 def claim_plan(
     out_dir: Path, base: dict[str, Any], variants: list[Variant], counts: tuple[int, int, int]
 ) -> None:
     """Record the bench's plan in its folder's marker; a folder that holds another bench's plan
-    is refused, so two benches never share one folder (and one ``bench.json``)."""
-    names = [v.name for v in variants]
-    plan = {"base": base, "variants": [v.model_dump() for v in variants], "counts": counts}
-    key = hashlib.sha256(json.dumps(plan, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    is refused, so two benches never share one folder (and one ``bench.json``). A plan that only
+    adds variants to the held one (same config, seeds and orders) extends it: the held runs are
+    runs of the new plan too."""
+    key = plan_key(base, variants, counts)
     held = marker_record(out_dir).get("plan")
-    if held and held.get("key") != key:
+    if held and held.get("key") != key and not _extends(held, base, variants, counts):
         raise ConfigError(
             f"{out_dir}: holds a bench of {', '.join(held.get('variants', []))} planned "
             "otherwise (variants, seeds, orders or config); use another --out, so that the two "
             "benches' runs and summaries stay apart"
         )
-    mark_folder(out_dir, "bench", plan={"key": key, "variants": names})
+    mark_folder(out_dir, "bench", plan={"key": key, "variants": [v.name for v in variants]})
+
+
+def _extends(
+    held: dict[str, Any],
+    base: dict[str, Any],
+    variants: list[Variant],
+    counts: tuple[int, int, int],
+) -> bool:
+    by_name = {v.name: v for v in variants}
+    names = held.get("variants", [])
+    if not names or any(name not in by_name for name in names):
+        return False
+    return plan_key(base, [by_name[name] for name in names], counts) == held.get("key")
 
 
 def folder_name(variant: str) -> str:
