@@ -121,10 +121,13 @@ def test_generation_check_scores_unparsable_as_zero_and_logs(
 
 
 class _StatelessCache:
-    """A bigram needs no past: selecting rows of its cache changes nothing."""
+    """A bigram needs no past: selecting or repeating rows of its cache changes nothing."""
 
     def batch_select_indices(self, rows: torch.Tensor) -> None:
         del rows
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        del repeats
 
 
 class BigramModel(nn.Module):

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from forgetless.eval.metrics import token_kl
+from forgetless.eval.prompt_batch import prompt_batch
 from forgetless.tasks.base import Example, Task
 from forgetless.tasks.formatting import (
     IGNORE_INDEX,
@@ -35,18 +36,6 @@ class EvalResult:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-def _left_pad(
-    prompts: list[list[int]], pad_id: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt) :] = torch.tensor(prompt)
-        mask[row, width - len(prompt) :] = 1
-    return ids.to(device), mask.to(device)
-
-
 def generate_completions(
     model: nn.Module, tokenizer: Any, examples: list[Example], max_new_tokens: int, batch_size: int
 ) -> list[str]:
@@ -59,24 +48,26 @@ def generate_completions(
 def generate_token_ids(
     model: nn.Module, tokenizer: Any, examples: list[Example], max_new_tokens: int, batch_size: int
 ) -> list[list[int]]:
-    """The new token ids of greedy generations (special tokens kept), batched with left padding."""
-    device = next(model.parameters()).device
+    """The new token ids of greedy generations (special tokens kept), batched with left padding;
+    the prompts' shared head runs once per batch (``forgetless.eval.prompt_batch``)."""
     pad_id = (
         tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     )
+    keyword = cache_keyword(model)
     outputs: list[list[int]] = []
     for start in range(0, len(examples), batch_size):
         chunk = [encode_prompt(tokenizer, e) for e in examples[start : start + batch_size]]
-        ids, mask = _left_pad(chunk, pad_id, device)
+        batch = prompt_batch(model, chunk, pad_id)
         generated = model.generate(  # type: ignore[operator]
-            input_ids=ids,
-            attention_mask=mask,
+            input_ids=batch.ids,
+            attention_mask=batch.mask,
             max_new_tokens=max_new_tokens,
             do_sample=False,
             pad_token_id=pad_id,
             eos_token_id=tokenizer.eos_token_id,
+            **batch.cache_kwargs(keyword),
         )
-        outputs.extend(generated[:, ids.shape[1] :].tolist())
+        outputs.extend(generated[:, batch.ids.shape[1] :].tolist())
     return outputs
 
 

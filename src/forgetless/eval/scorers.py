@@ -15,6 +15,7 @@ logged with a count and the first offender.
 
 from __future__ import annotations
 
+import copy
 import logging
 import re
 from collections.abc import Callable, Sequence
@@ -45,6 +46,7 @@ from forgetless.eval.generation import (
     generate_completions,
     generate_token_ids,
 )
+from forgetless.eval.prompt_batch import prompt_batch
 from forgetless.tasks.base import Example, Task
 from forgetless.tasks.formatting import encode_prompt
 
@@ -259,31 +261,42 @@ def choice_loglikelihoods(
 def _score_choices(
     model: nn.Module, items: list[tuple[list[int], list[list[int]]]], pad_id: int
 ) -> list[list[float]]:
-    """One batch of questions: the prompts once, then each choice on its question's cache."""
-    device = next(model.parameters()).device
-    width = max(len(p) for p, _ in items)
-    ids = torch.full((len(items), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(items), width), dtype=torch.long)
-    for row, (prompt, _) in enumerate(items):
-        ids[row, width - len(prompt) :] = torch.tensor(prompt)
-        mask[row, width - len(prompt) :] = 1
-    ids, mask = ids.to(device), mask.to(device)
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    """One batch of questions: the prompts once (their shared head once for all), then each
+    choice on its question's cache."""
+    batch = prompt_batch(model, [prompt for prompt, _ in items], pad_id)
+    keyword = cache_keyword(model)
     out = model(
-        input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1
+        input_ids=batch.ids[:, batch.shared :],
+        attention_mask=batch.mask,
+        position_ids=batch.positions()[:, batch.shared :],
+        use_cache=True,
+        logits_to_keep=1,
+        **batch.cache_kwargs(keyword),
     )
     first = torch.log_softmax(out.logits[:, -1].float(), dim=-1).cpu()
     cache = out.cache if getattr(out, "cache", None) is not None else out.past_key_values
     pairs = [(row, choice) for row, (_, choices) in enumerate(items) for choice in choices]
     totals = [float(first[row, choice[0]]) for row, choice in pairs]
-    rest = max(len(choice) for _, choice in pairs) - 1
-    if rest > 0:
-        for index, value in enumerate(_continuations(model, cache, mask, pairs, rest)):
+    groups = _by_continuation_length(pairs)
+    for number, (rest, members) in enumerate(groups):
+        own = cache if number == len(groups) - 1 else copy.deepcopy(cache)
+        values = _continuations(model, own, batch.mask, [pairs[i] for i in members], rest)
+        for index, value in zip(members, values, strict=True):
             totals[index] += value
     scores: list[list[float]] = [[] for _ in items]
     for (row, _), total in zip(pairs, totals, strict=True):
         scores[row].append(total)
     return scores
+
+
+def _by_continuation_length(pairs: list[tuple[int, list[int]]]) -> list[tuple[int, list[int]]]:
+    """The pairs whose choice has tokens after its first, grouped by how many: each group runs
+    unpadded (most answers are a token or two; padding all to the longest ran mostly padding)."""
+    groups: dict[int, list[int]] = {}
+    for index, (_, choice) in enumerate(pairs):
+        if len(choice) > 1:
+            groups.setdefault(len(choice) - 1, []).append(index)
+    return sorted(groups.items())
 
 
 def _continuations(
