@@ -26,6 +26,7 @@ Needs TRL (``pip install -e ".[trl]"``) and the model (``make smollm2``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import os
@@ -39,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 OUT = Path(__file__).parent / "results" / "peer_throughput.json"
-CASES = ("forgetless", "trainer", "trl", "forgetless:kl_sft")
+CASES = ("forgetless", "trainer", "trl", "forgetless:kl_sft", "forgetless:sae_fd")
 TASK = "it-json"
 LAYERS = list(range(22, 30))
 PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -71,7 +72,8 @@ def workload_features(tokenizer: Any, args: argparse.Namespace) -> list[dict[str
     return (kept * (need // len(kept) + 1))[:need]
 
 
-def forgetless_case(method: str, args: argparse.Namespace, stamp: Callable[[], None]) -> None:
+def forgetless_case(method: str, args: argparse.Namespace, stamp: Callable[[], None]) -> float:
+    """Runs the steps; returns the tokens a step trains on (a batch transform's rows counted)."""
     from forgetless.contract.hooks import RunInfo, TaskContext
     from forgetless.contract.method import create_method, method_class
     from forgetless.contract.plan import TrainPlan
@@ -91,12 +93,41 @@ def forgetless_case(method: str, args: argparse.Namespace, stamp: Callable[[], N
     device = next(model.parameters()).device
     ctx = TaskContext(info, 1, task, finetuner.model, tokenizer, features, [], device, [task])
     config = method_class(method).config_cls.model_validate({})
-    session = TaskSession(create_method(config), ctx, tokenizer.pad_token_id, out_dir=work)
+    chosen = create_method(config)
+    if method == "sae_fd":  # timed as on a second task: anchors of a first one, an SAE
+        _as_on_a_second_task(chosen, ctx)
+        ctx = dataclasses.replace(ctx, task_index=2)
+    rows_seen: list[int] = []
+    transform = chosen.transform_batch
+
+    def counted(batch: list[dict[str, list[int]]], step: Any) -> list[dict[str, list[int]]]:
+        out = transform(batch, step)
+        rows_seen.append(sum(len(f["input_ids"]) for f in out))
+        return out
+
+    chosen.transform_batch = counted  # type: ignore[method-assign]
+    session = TaskSession(chosen, ctx, tokenizer.pad_token_id, out_dir=work)
     plan = TrainPlan(steps=args.warmup + args.steps, batch_size=args.batch_size, lr=LR, seed=0)
     with session.started():
         loop = session.loop()
         loop.on_step = lambda name, terms: stamp()
         loop.run(features, plan)
+    return statistics.mean(rows_seen) if rows_seen else float(args.batch_size * args.length)
+
+
+def _as_on_a_second_task(method: Any, ctx: Any) -> None:
+    """``sae_fd`` after a first task: its anchors captured from this workload's examples, and a
+    randomly initialised gated SAE of the trained one's shape (its cost does not depend on its
+    weights; ``benchmarks/sae_fd_overhead.py`` does the same)."""
+    from forgetless.sae.gated import GatedSAE, GatedSAEConfig, freeze
+    from forgetless.sae.train import input_scale
+
+    method.capture_anchors(ctx)
+    h = method.buffer.h.float()
+    d = int(h.size(-1))
+    d_sae = method.config.sae.expansion * d
+    shape = GatedSAEConfig(d_in=d, d_sae=d_sae, input_scale=input_scale(h))
+    method.sae = freeze(GatedSAE(shape, seed=0)).to(ctx.device)
 
 
 def hf_case(system: str, args: argparse.Namespace, stamp: Callable[[], None]) -> None:
@@ -157,27 +188,28 @@ def hf_case(system: str, args: argparse.Namespace, stamp: Callable[[], None]) ->
     trainer.train()
 
 
-def train_case(case: str, args: argparse.Namespace, stamp: Callable[[], None]) -> None:
+def train_case(case: str, args: argparse.Namespace, stamp: Callable[[], None]) -> float:
+    """Runs a case's steps; returns the tokens a step trains on."""
     import torch
 
     torch.set_num_threads(args.threads)
     system, _, method = case.partition(":")
     if system == "forgetless":
-        forgetless_case(method or "seq_ft", args, stamp)
-    else:
-        hf_case(system, args, stamp)
+        return forgetless_case(method or "seq_ft", args, stamp)
+    hf_case(system, args, stamp)
+    return float(args.batch_size * args.length)
 
 
 def run_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
     """One case in this process (the child): its step end times and its peak memory."""
     stamps: list[float] = []
-    train_case(case, args, lambda: stamps.append(time.time()))
+    tokens = train_case(case, args, lambda: stamps.append(time.time()))
     steps = [b - a for a, b in itertools.pairwise(stamps)][args.warmup - 1 :]
     return {
         "first_step_s": stamps[0] - args.launched,
         "step_s": steps,
         "peak_rss_mb": _peak_rss_mb(),
-        "tokens_per_step": args.batch_size * args.length,
+        "tokens_per_step": tokens,
     }
 
 
@@ -222,6 +254,7 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]
     """Per case: its median step, tokens/s, first step and peak, each with its range over
     repeats; and the ratio of forgetless's tokens/s to its (within each repeat)."""
     ours = [statistics.median(r["step_s"]) for r in runs["forgetless"]]
+    our_tokens = [r["tokens_per_step"] / s for r, s in zip(runs["forgetless"], ours, strict=True)]
     rows = {}
     for case, records in runs.items():
         steps = [statistics.median(r["step_s"]) for r in records]
@@ -230,6 +263,9 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]
         rows[case] = {
             "step_s": _spread(steps),
             "tokens_per_s": _spread(tokens),
+            "token_time_over_forgetless": _spread(
+                [o / t for o, t in zip(our_tokens, tokens, strict=True)]
+            ),
             "first_step_s": _spread([r["first_step_s"] for r in records]),
             "peak_rss_mb": _spread([r["peak_rss_mb"] for r in records]),
             "step_over_forgetless": _spread(ratios),
@@ -246,6 +282,7 @@ LABELS = {
     "trainer": "transformers `Trainer`",
     "trl": "TRL `SFTTrainer`",
     "forgetless:kl_sft": "forgetless (`kl_sft`)",
+    "forgetless:sae_fd": "forgetless (`sae_fd`)",
 }
 
 
@@ -279,6 +316,9 @@ def targets(rows: dict[str, Any]) -> list[tuple[str, dict[str, Any], float, bool
         )
         spread = {"median": peak, "range": [peak, peak]}
         out.append(("`kl_sft` peak ÷ `seq_ft` peak (medians)", spread, 1.1, peak <= 1.1))
+    if "forgetless:sae_fd" in rows:
+        spread = rows["forgetless:sae_fd"]["token_time_over_forgetless"]
+        out.append(("`sae_fd` time per token ÷ `seq_ft`'s", spread, 1.2, spread["median"] <= 1.2))
     return out
 
 

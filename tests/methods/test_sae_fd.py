@@ -18,7 +18,7 @@ from forgetless.config.loading import validate_config
 from forgetless.config.schema import ModelConfig
 from forgetless.contract.method import RunInfo, StepContext, TaskContext
 from forgetless.core.storage import load_method_state, save_method_state
-from forgetless.engine.loop import causal_lm_loss
+from forgetless.engine.loop import StepLoop, causal_lm_loss
 from forgetless.errors import ConfigError
 from forgetless.methods.sae_fd import (
     SAEFD,
@@ -35,7 +35,7 @@ from forgetless.sae import GatedSAE, GatedSAEConfig, encode, save_sae
 from forgetless.sae.activations import MLPTap, token_outputs
 from forgetless.sae.train import input_scale
 from forgetless.tasks.builtin import build_builtin_task
-from forgetless.tasks.formatting import collate, encode_example
+from forgetless.tasks.formatting import collate, completion_window, encode_example
 from forgetless.training.runner import Runner
 
 TINY_SAE = {"steps": 20, "n_per_task": 4, "batch_size": 256, "expansion": 4}
@@ -269,6 +269,31 @@ def test_anchors_folded_into_the_task_batch_give_the_separate_forwards_loss(
     assert fd_f == pytest.approx(fd_s, rel=1e-5) and fd_f > 0
     assert lam_f == pytest.approx(lam_s, rel=1e-6)
     assert torch.allclose(grad_f, grad_s, rtol=1e-4, atol=1e-7)
+
+
+def test_the_loop_gives_the_completion_window_and_the_term_and_lambda_are_unchanged(
+    tiny_model_dir: Path,
+) -> None:
+    """Folded anchors carry no labels, so the completion window is the task rows'; the term and
+    the adaptive λ (read from the task rows' loss) are those of the full logits."""
+    model, ctx, sae, step = _third_task_step(tiny_model_dir)
+    values = {}
+    for keep in ("full", "window"):
+        method = SAEFD(SAEFDConfig(anchor_samples=12))
+        method.capture_anchors(ctx)
+        method.sae = sae
+        assert StepLoop(model, method, ctx, 0)._windowed(None)
+        handles = method.register_hooks(step.task)
+        batch = collate(method.transform_batch(ctx.train_features[:8], step), 0)
+        window = completion_window(batch["labels"])
+        assert window < batch["input_ids"].size(1)
+        extra = {"logits_to_keep": window} if keep == "window" else {}
+        with torch.no_grad():
+            outputs = model(batch["input_ids"], attention_mask=batch["attention_mask"], **extra)
+            values[keep] = (method.loss_terms(batch, outputs, step)["sae_fd"].item(), method.lam)
+        for handle in handles:
+            handle.remove()
+    assert values["window"] == pytest.approx(values["full"], rel=1e-6)
 
 
 def test_skip_first_leaves_each_anchors_first_token_out_of_the_loss(

@@ -378,6 +378,7 @@ class SAEFD(Method[SAEFDConfig]):
     )  # budget: ρ, the target share of the distillation loss (λ adapts toward it)
     smoke: ClassVar[dict[str, Any]] = {"sae_cache": "run", "sae": {"steps": 20, "n_per_task": 4}}
     unsharded = None  # its state is activations; every process draws and scores the same ones
+    tail_logits_ok = True  # it reads the task rows' logits for λ only, labels aligned by the tail
 
     def __init__(self, config: SAEFDConfig) -> None:
         super().__init__(config)
@@ -424,7 +425,8 @@ class SAEFD(Method[SAEFDConfig]):
             )
         parts = feature_distillation(self.sae, h, h_anchor, self.config.terms, self.config.space)
         with torch.no_grad():
-            task_loss_t = causal_lm_loss(outputs.logits[:n], batch["labels"][:n])
+            logits = outputs.logits[:n]
+            task_loss_t = causal_lm_loss(logits, batch["labels"][:n, -logits.size(1) :])
             logged = torch.stack([parts.total.detach(), parts.l_cos, parts.l_mag, task_loss_t])
         # Every process draws the same anchors (their terms agree everywhere); the task loss
         # is a token mean of this process's slice: weighted by the shares, all are global.
