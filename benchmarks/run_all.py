@@ -76,7 +76,7 @@ def machine(threads: int) -> dict[str, Any]:
     """What the numbers were measured on."""
     import torch
 
-    from forgetless.bench.campaign import cpu_name
+    from forgetless.core.machine import cpu_name
 
     return {
         "cpu": cpu_name(),

@@ -122,7 +122,7 @@ def stamp() -> dict[str, Any]:
     """Where this process runs: commit, whether ``src/`` differs from it, CPU, threads, load."""
     import torch
 
-    from forgetless.bench.campaign import cpu_name
+    from forgetless.core.machine import cpu_name
 
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
+from torch import nn
 
 from forgetless.bench import campaign
+from forgetless.config.loading import validate_config
+from forgetless.testing import tiny_run_config
+from forgetless.training.startup import runtime
 
 
 @pytest.mark.parametrize(
@@ -25,3 +32,25 @@ def test_every_record_carries_its_contention() -> None:
     record = campaign.provenance(0.0)
     assert set(record["contention"]) == {"load_start", "load_end", "shared_cores"}
     assert record["machine"]["threads"] == torch.get_num_threads()
+
+
+def test_a_record_of_a_run_in_another_process_carries_that_runs_load_and_threads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker (``bench --jobs``) or cluster job records its own start in ``runtime``; the
+    parent that keeps the run reads it there, not its own load and threads."""
+    monkeypatch.setattr(campaign, "load_average", lambda: 2.5)
+    cfg = validate_config(tiny_run_config(tmp_path))
+    results = {"runtime": {"threads": 3, "load_at_start": 1.25}}
+    path = tmp_path / "record.json"
+    campaign.save_record(path, cfg, {}, results)
+    record = json.loads(path.read_text())
+    assert record["machine"]["threads"] == 3
+    assert record["contention"] == {"load_start": 1.25, "load_end": 2.5, "shared_cores": True}
+
+
+def test_a_runs_runtime_names_its_threads_and_the_load_at_its_start(tmp_path: Path) -> None:
+    cfg = validate_config(tiny_run_config(tmp_path))
+    found = runtime(cfg, nn.Linear(2, 2), torch.device("cpu"))
+    assert found["threads"] == torch.get_num_threads()
+    assert found["load_at_start"] is None or found["load_at_start"] >= 0

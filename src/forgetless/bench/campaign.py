@@ -23,6 +23,7 @@ from pydantic import BaseModel
 from pydantic_core import to_jsonable_python
 
 from forgetless.config.schema import RunConfig
+from forgetless.core.machine import cpu_name, load_average
 from forgetless.core.storage import atomic_write_json
 
 RECORD_VERSION = 1
@@ -81,16 +82,6 @@ def load_record(path: Path, key: str) -> dict[str, Any] | None:
     return record if isinstance(summary, dict) else None
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def git_commit(start: Path | None = None) -> str | None:
     """The checked-out commit of the git work tree holding ``start`` (default: the current
     folder), read from ``.git`` itself (no subprocess); None outside one."""
@@ -125,19 +116,12 @@ def commit_at_start() -> str | None:
     return git_commit()
 
 
-def load_average() -> float | None:
-    """The 1-minute load average (None where the system has none)."""
-    try:
-        return round(os.getloadavg()[0], 2)
-    except OSError:
-        return None
-
-
-def contention(load_at_start: float | None) -> dict[str, Any]:
-    """The load beside a run: at its start (other work only) and at its end (its own threads
-    included). The cores were shared when other work held more than half a core at either end;
-    cost ratios compare only runs where they were not."""
-    threads = torch.get_num_threads()
+def contention(load_at_start: float | None, threads: int | None = None) -> dict[str, Any]:
+    """The load beside a run: at its start (other work only) and at its end (its own
+    ``threads`` included, this process's by default). The cores were shared when other work
+    held more than half a core at either end; cost ratios compare only runs where they were
+    not."""
+    threads = threads or torch.get_num_threads()
     end = load_average()
     busy_start = load_at_start is not None and load_at_start > 0.5
     busy_end = end is not None and end > threads + 0.5
@@ -151,17 +135,18 @@ def contention(load_at_start: float | None) -> dict[str, Any]:
     }
 
 
-def provenance(load_at_start: float | None = None) -> dict[str, Any]:
+def provenance(load_at_start: float | None = None, threads: int | None = None) -> dict[str, Any]:
     """The commit checked out (when the run started), the machine a run ran on, and the load
-    beside it."""
+    beside it; ``threads``: the run's own, where another process ran it."""
+    threads = threads or torch.get_num_threads()
     return {
         "commit": commit_at_start(),
-        "contention": contention(load_at_start),
+        "contention": contention(load_at_start, threads),
         "machine": {
             "device": device_kind(),
             "cpu": cpu_name(),
             "cores": os.cpu_count(),
-            "threads": torch.get_num_threads(),
+            "threads": threads,
             "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
             "torch": torch.__version__,
             "python": platform.python_version(),
@@ -177,13 +162,18 @@ def save_record(
     results: dict[str, Any],
     load_at_start: float | None = None,
 ) -> None:
+    """Keep a finished run. The load at its start and its threads are the run's own record
+    (``runtime``), read where it ran, when the caller did not measure them."""
+    runtime = results.get("runtime") or {}
+    if load_at_start is None:
+        load_at_start = runtime.get("load_at_start")
     record = {
         "record_version": RECORD_VERSION,
         "config_key": config_key(cfg),
         "config": cfg.model_dump(mode="json"),
         "summary": summary,
         "results": results,
-        **provenance(load_at_start),
+        **provenance(load_at_start, runtime.get("threads")),
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, record)

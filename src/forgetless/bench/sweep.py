@@ -14,7 +14,6 @@ from rich.console import Console
 from forgetless.bench.campaign import (
     commit_at_start,
     config_key,
-    load_average,
     load_record,
     record_path,
     save_record,
@@ -26,6 +25,7 @@ from forgetless.bench.variants import ClusterSection, Variant, run_folder_name, 
 from forgetless.config.loading import apply_override, validate_config
 from forgetless.config.schema import RunConfig
 from forgetless.contract import method_class
+from forgetless.core.machine import load_average
 from forgetless.core.ownership import mark_folder, marker_record
 from forgetless.core.storage import atomic_write_json
 from forgetless.errors import ConfigError

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from forgetless.config.schema import RunConfig
+from forgetless.core.machine import load_average
 from forgetless.models.device import describe
 from forgetless.models.loading import attention_in_use, attention_note, model_positions
 from forgetless.tasks.base import Task
@@ -61,6 +62,8 @@ def runtime(cfg: RunConfig, model: nn.Module, device: torch.device) -> dict[str,
         "autocast": cfg.train.autocast,
         "attn_implementation": attention_in_use(model),
         "gradient_checkpointing": cfg.train.gradient_checkpointing,
+        "threads": torch.get_num_threads(),
+        "load_at_start": load_average(),
     }
 
 
