@@ -97,6 +97,8 @@ STEP_RATIOS = re.compile(r"(<!-- step-ratios: (\S+) -->\n)(.*?)(<!-- /step-ratio
 PEERS = re.compile(r"(<!-- peer-throughput: (\S+) -->\n)(.*?)(<!-- /peer-throughput -->)", re.S)
 """``peer_throughput.py``'s report (benchmarks/results/FILE): the step loop beside TRL and the
 transformers Trainer."""
+EVAL_SPEED = re.compile(r"(<!-- eval-speed: (\S+) -->\n)(.*?)(<!-- /eval-speed -->)", re.S)
+"""``eval_speed.py``'s report (benchmarks/results/FILE): a real-track row, shared head or not."""
 """``remedies_cost.py``'s steps on SmolLM2-135M against ``seq_ft``'s."""
 AGREEMENT = re.compile(r"(<!-- agreement-table: (\S+) -->\n)(.*?)(<!-- /agreement-table -->)", re.S)
 """Rows of studies/results/scale_out_agreement.json under one layout key (``zero2``, ...)."""
@@ -405,6 +407,13 @@ def render_peers(name: str) -> str:
     return render_table(json.loads(path.read_text(encoding="utf-8")))
 
 
+def render_eval_speed(name: str) -> str:
+    from eval_speed import render_table  # benchmarks/ is on sys.path (circuits_claims)
+
+    path = ROOT / "benchmarks" / "results" / name
+    return render_table(json.loads(path.read_text(encoding="utf-8"))) + "\n"
+
+
 def render_tasks(name: str) -> str:
     if not (RESULTS / name).is_file():
         return f"Not measured yet: `studies/results/{name}` is not there.\n"
@@ -485,6 +494,7 @@ def rewrite(text: str) -> str:
 
     text = STEP_RATIOS.sub(ratios, METHOD_STEPS.sub(steps, text))
     text = PEERS.sub(lambda m: m.group(1) + render_peers(m.group(2)) + m.group(4), text)
+    text = EVAL_SPEED.sub(lambda m: m.group(1) + render_eval_speed(m.group(2)) + m.group(4), text)
 
     def plan_checked(match: re.Match[str]) -> str:
         return match.group(1) + render_folder(match.group(2)) + match.group(4)

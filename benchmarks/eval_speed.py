@@ -1,0 +1,145 @@
+"""A real-track evaluation row with the prompts' shared head run once, against the same row with
+every prompt run whole, side by side on SmolLM2-135M-Instruct.
+
+The row is the one ``forgetless run --preset smollm2`` scores after its last task: four tasks of
+48 greedy generations, ``gk-mc`` (320 questions by choice log-likelihood), ``gk-short`` (96),
+``chat-format`` (32), the gold log-likelihoods, the KL to the base and the prose. ``shared`` is
+forgetless as it is (``forgetless.eval.prompt_batch``: the chat template's system turn, 24 tokens
+of about 50, runs once per batch; choice continuations run grouped by length); ``plain`` puts
+the library's earlier layout back in this process (each prompt left-padded whole, every choice
+continuation padded to the longest). The arms alternate over ``--repeats``; each ratio is
+``plain ÷ shared`` within a repeat. Both arms must give the same row: their accuracies are
+compared and reported. Needs the model (``make smollm2``).
+
+    python benchmarks/eval_speed.py [--repeats 3] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from run_all import commit, load_words, machine, machine_words  # benchmarks/ is on sys.path
+
+from forgetless.config.loading import validate_config
+from forgetless.config.presets import smollm2_config_dict
+from forgetless.config.schema import TaskConfig
+from forgetless.core.storage import atomic_write_json
+from forgetless.eval import prompt_batch, scorers
+from forgetless.eval.evaluator import Evaluator
+from forgetless.models.loading import load_model_and_tokenizer, resolve_source
+from forgetless.training.task_data import load_tasks
+
+OUT = Path(__file__).parent / "results" / "eval_speed.json"
+
+
+def _one_padded_group(pairs: list[tuple[int, list[int]]]) -> list[tuple[int, list[int]]]:
+    """The earlier layout: every pair in one continuation batch, padded to the longest."""
+    longest = max(len(choice) for _, choice in pairs) - 1
+    return [(longest, list(range(len(pairs))))] if longest > 0 else []
+
+
+@contextmanager
+def plain_layout() -> Iterator[None]:
+    """No shared head and padded continuations, for the duration."""
+    head, groups = prompt_batch.shared_head, scorers._by_continuation_length
+    prompt_batch.shared_head = lambda prompts: 0  # type: ignore[assignment]
+    scorers._by_continuation_length = _one_padded_group  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        prompt_batch.shared_head, scorers._by_continuation_length = head, groups
+
+
+def _evaluator() -> tuple[Evaluator, Any]:
+    cfg = validate_config(smollm2_config_dict())
+    quiet = lambda *args, **kwargs: None  # noqa: E731
+    tasks = load_tasks(cfg.tasks, cfg, quiet)
+    probes = load_tasks([p for p in cfg.probes if isinstance(p, TaskConfig)], cfg, quiet, True)
+    source = resolve_source(str(cfg.model.name_or_path), quiet)
+    model, tokenizer = load_model_and_tokenizer(cfg.model, source)
+    evaluator = Evaluator.for_run(cfg, tasks, probes, tokenizer)
+    evaluator.measure_base(model)
+    return evaluator, model
+
+
+def _timed(evaluator: Evaluator, model: Any, arm: str) -> tuple[float, dict[str, float]]:
+    start = time.perf_counter()
+    if arm == "plain":
+        with plain_layout():
+            row = evaluator.score(model)
+    else:
+        row = evaluator.score(model)
+    return time.perf_counter() - start, row.accuracy
+
+
+def _spread(values: list[float]) -> dict[str, Any]:
+    return {"median": statistics.median(values), "range": [min(values), max(values)]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    before = os.getloadavg()[0]
+    evaluator, model = _evaluator()
+    seconds: dict[str, list[float]] = {"shared": [], "plain": []}
+    rows: dict[str, dict[str, float]] = {}
+    for repeat in range(args.repeats):
+        for arm in ("shared", "plain") if repeat % 2 == 0 else ("plain", "shared"):
+            took, rows[arm] = _timed(evaluator, model, arm)
+            seconds[arm].append(took)
+            print(f"repeat {repeat + 1}, {arm}: {took:.1f} s", flush=True)
+    ratios = [p / s for p, s in zip(seconds["plain"], seconds["shared"], strict=True)]
+    report = {
+        "settings": vars(args) | {"out": str(args.out)},
+        "machine": machine(args.threads),
+        "commit": commit(),
+        "load": {"before": before, "after": os.getloadavg()[0]},
+        "seconds": {arm: _spread(v) for arm, v in seconds.items()},
+        "plain_over_shared": _spread(ratios),
+        "same_row": rows["shared"] == rows["plain"],
+        "accuracy": rows["shared"],
+        "runs": seconds,
+    }
+    atomic_write_json(args.out, report)
+    print(render_table(report))
+
+
+def render_table(report: dict[str, Any]) -> str:
+    """The table docs/performance.md quotes, and where it was measured."""
+    secs, ratio = report["seconds"], report["plain_over_shared"]
+
+    def cell(spread: dict[str, Any]) -> str:
+        low, high = spread["range"]
+        return f"{spread['median']:.1f} [{low:.1f}–{high:.1f}]"
+
+    s = report["settings"]
+    return "\n".join(
+        [
+            "| layout | one full row, s |",
+            "|---|---|",
+            f"| shared head, continuations by length (forgetless) | {cell(secs['shared'])} |",
+            f"| every prompt whole, continuations padded (before) | {cell(secs['plain'])} |",
+            "",
+            f"plain ÷ shared: {ratio['median']:.2f} [{ratio['range'][0]:.2f}–"
+            f"{ratio['range'][1]:.2f}]; the same row from both: "
+            f"{'yes' if report['same_row'] else 'no'}. {s['repeats']} alternating repeats on "
+            f"{machine_words(report['machine'])}, commit `{report['commit'][:7]}`, "
+            f"{load_words(report['load'])}.",
+        ]
+    )
+
+
+if __name__ == "__main__":
+    main()
