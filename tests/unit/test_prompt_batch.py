@@ -12,7 +12,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from forgetless.eval.generation import generate_token_ids
-from forgetless.eval.prompt_batch import left_pad, shared_head
+from forgetless.eval.prompt_batch import left_pad, prompt_batch, shared_head
 from forgetless.eval.scorers import choice_loglikelihoods
 from forgetless.tasks.base import Example
 from forgetless.tasks.formatting import encode_prompt
@@ -97,3 +97,12 @@ def test_choices_run_the_head_once_and_unpadded_and_score_as_one_at_a_time(
     alone = [choice_loglikelihoods(model, tokenizer, [e], batch_size=1)[0] for e in examples]
     for a, b in zip(together, alone, strict=True):
         assert a == pytest.approx(b, abs=1e-4)
+
+
+def test_an_attention_kernel_that_unpads_gets_plain_left_padding(tiny_model_dir: Path) -> None:
+    model, tokenizer = load(tiny_model_dir)
+    prompts = [encode_prompt(tokenizer, Example(q, "")) for q in QUESTIONS]
+    assert prompt_batch(model, prompts, 0).shared >= 3
+    model.config._attn_implementation = "flash_attention_2"
+    batch = prompt_batch(model, prompts, 0)
+    assert batch.shared == 0 and batch.cache is None

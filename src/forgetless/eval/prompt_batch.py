@@ -67,7 +67,7 @@ def left_pad(
 def prompt_batch(model: nn.Module, prompts: list[list[int]], pad_id: int) -> PromptBatch:
     """Run the prompts' shared head once and lay the batch out behind it (``PromptBatch``)."""
     device = next(model.parameters()).device
-    shared = shared_head(prompts)
+    shared = shared_head(prompts) if _masks_any_layout(model) else 0
     own_ids, own_mask = left_pad([p[shared:] for p in prompts], pad_id, device)
     if shared == 0:
         return PromptBatch(own_ids, own_mask, 0, None)
@@ -78,3 +78,10 @@ def prompt_batch(model: nn.Module, prompts: list[list[int]], pad_id: int) -> Pro
     ids = torch.cat([head.expand(len(prompts), -1), own_ids], dim=1)
     mask = torch.cat([torch.ones_like(ids[:, :shared]), own_mask], dim=1)
     return PromptBatch(ids, mask, shared, cache)
+
+
+def _masks_any_layout(model: nn.Module) -> bool:
+    """Whether the attention takes a mask with padding between real tokens (``sdpa`` and
+    ``eager`` do; kernels that unpad by sequence length are left to plain left padding)."""
+    config = getattr(model, "config", None)
+    return getattr(config, "_attn_implementation", None) in (None, "sdpa", "eager")
