@@ -81,7 +81,10 @@ def prompt_batch(model: nn.Module, prompts: list[list[int]], pad_id: int) -> Pro
 
 
 def _masks_any_layout(model: nn.Module) -> bool:
-    """Whether the attention takes a mask with padding between real tokens (``sdpa`` and
-    ``eager`` do; kernels that unpad by sequence length are left to plain left padding)."""
+    """Whether the model is a transformers model whose attention takes a mask with padding
+    between real tokens (``sdpa`` and ``eager`` do; kernels that unpad by sequence length, and
+    models without a transformers config, get plain left padding)."""
     config = getattr(model, "config", None)
+    if config is None:
+        return False
     return getattr(config, "_attn_implementation", None) in (None, "sdpa", "eager")
