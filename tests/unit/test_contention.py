@@ -54,3 +54,36 @@ def test_a_runs_runtime_names_its_threads_and_the_load_at_its_start(tmp_path: Pa
     found = runtime(cfg, nn.Linear(2, 2), torch.device("cpu"))
     assert found["threads"] == torch.get_num_threads()
     assert found["load_at_start"] is None or found["load_at_start"] >= 0
+
+
+def _repository(root: Path, head: str) -> Path:
+    git = root / "repo" / ".git"
+    (git / "refs" / "heads").mkdir(parents=True)
+    (git / "HEAD").write_text("ref: refs/heads/main\n")
+    (git / "refs" / "heads" / "main").write_text("a" * 40 + "\n")
+    (git / "packed-refs").write_text(f"{'c' * 40} refs/heads/packed\n")
+    own = git / "worktrees" / "campaign"
+    own.mkdir(parents=True)
+    (own / "HEAD").write_text(head)
+    (own / "commondir").write_text("../..\n")
+    tree = root / "campaign"
+    tree.mkdir()
+    (tree / ".git").write_text(f"gitdir: {own}\n")
+    return tree
+
+
+@pytest.mark.parametrize(
+    ("head", "commit"),
+    [
+        ("b" * 40 + "\n", "b" * 40),  # detached, as a campaign's worktree is
+        ("ref: refs/heads/main\n", "a" * 40),  # a branch: its ref in the common folder
+        ("ref: refs/heads/packed\n", "c" * 40),
+    ],
+)
+def test_a_record_made_in_a_linked_worktree_names_its_commit(
+    tmp_path: Path, head: str, commit: str
+) -> None:
+    tree = _repository(tmp_path, head)
+    assert campaign.git_commit(tree / "studies") == commit
+    assert campaign.git_commit(tmp_path / "repo") == "a" * 40
+    assert campaign.git_commit(tmp_path) is None

@@ -84,24 +84,47 @@ def load_record(path: Path, key: str) -> dict[str, Any] | None:
 
 def git_commit(start: Path | None = None) -> str | None:
     """The checked-out commit of the git work tree holding ``start`` (default: the current
-    folder), read from ``.git`` itself (no subprocess); None outside one."""
+    folder), read from ``.git`` itself (no subprocess); None outside one. A linked worktree
+    (``git worktree add``) has a ``.git`` file naming its own git folder, whose refs live in
+    the repository's common folder."""
     here = (start or Path.cwd()).resolve()
     for folder in (here, *here.parents):
         git = folder / ".git"
         if git.is_dir():
-            return _resolve_head(git)
+            return _resolve_head(git, git)
+        if git.is_file():
+            own = _linked_git_dir(git)
+            return _resolve_head(own, _common_dir(own)) if own is not None else None
     return None
 
 
-def _resolve_head(git: Path) -> str | None:
+def _linked_git_dir(dot_git: Path) -> Path | None:
+    try:
+        line = dot_git.read_text(encoding="utf-8").strip()
+    except OSError:
+        return None
+    if not line.startswith("gitdir: "):
+        return None
+    return (dot_git.parent / line[len("gitdir: ") :]).resolve()
+
+
+def _common_dir(git: Path) -> Path:
+    try:
+        return (git / (git / "commondir").read_text(encoding="utf-8").strip()).resolve()
+    except OSError:
+        return git
+
+
+def _resolve_head(git: Path, common: Path) -> str | None:
     try:
         head = (git / "HEAD").read_text(encoding="utf-8").strip()
         if not head.startswith("ref: "):
             return head
         ref = head[5:]
-        if (git / ref).is_file():
-            return (git / ref).read_text(encoding="utf-8").strip()
-        for line in (git / "packed-refs").read_text(encoding="utf-8").splitlines():
+        for folder in (git, common):
+            if (folder / ref).is_file():
+                return (folder / ref).read_text(encoding="utf-8").strip()
+        for line in (common / "packed-refs").read_text(encoding="utf-8").splitlines():
             if line.endswith(" " + ref):
                 return line.split()[0]
     except OSError:
