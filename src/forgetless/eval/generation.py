@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from forgetless.eval.metrics import token_kl
-from forgetless.eval.prompt_batch import prompt_batch
+from forgetless.eval.prompt_batch import prompt_batch, returned_cache
 from forgetless.tasks.base import Example, Task
 from forgetless.tasks.formatting import (
     IGNORE_INDEX,
@@ -133,9 +133,7 @@ def teacher_forced_logits(
     extra: dict[str, Any] = {"use_cache": False}  # no cache to fill
     if shared > 0 and ids.shape[0] > 1:
         prefix = model(input_ids=ids[:1, :shared], attention_mask=mask[:1, :shared], use_cache=True)
-        cache = (
-            prefix.cache if getattr(prefix, "cache", None) is not None else prefix.past_key_values
-        )
+        cache = returned_cache(prefix)
         cache.batch_repeat_interleave(ids.shape[0])
         extra = {"use_cache": True, cache_keyword(model): cache}
         ids = ids[:, shared:]

@@ -73,11 +73,18 @@ def prompt_batch(model: nn.Module, prompts: list[list[int]], pad_id: int) -> Pro
         return PromptBatch(own_ids, own_mask, 0, None)
     head = torch.tensor([prompts[0][:shared]], dtype=torch.long, device=device)
     out = model(input_ids=head, attention_mask=torch.ones_like(head), use_cache=True)
-    cache = out.cache if getattr(out, "cache", None) is not None else out.past_key_values
+    cache = returned_cache(out)
     cache.batch_repeat_interleave(len(prompts))
     ids = torch.cat([head.expand(len(prompts), -1), own_ids], dim=1)
     mask = torch.cat([torch.ones_like(ids[:, :shared]), own_mask], dim=1)
     return PromptBatch(ids, mask, shared, cache)
+
+
+def returned_cache(outputs: Any) -> Any:
+    """The key/value cache a forward hands back: ``cache`` (transformers 5.x), else the older
+    ``past_key_values``."""
+    cache = getattr(outputs, "cache", None)
+    return cache if cache is not None else outputs.past_key_values
 
 
 def _masks_any_layout(model: nn.Module) -> bool:

@@ -46,7 +46,7 @@ from forgetless.eval.generation import (
     generate_completions,
     generate_token_ids,
 )
-from forgetless.eval.prompt_batch import prompt_batch
+from forgetless.eval.prompt_batch import prompt_batch, returned_cache
 from forgetless.tasks.base import Example, Task
 from forgetless.tasks.formatting import encode_prompt
 
@@ -274,7 +274,7 @@ def _score_choices(
         **batch.cache_kwargs(keyword),
     )
     first = torch.log_softmax(out.logits[:, -1].float(), dim=-1).cpu()
-    cache = out.cache if getattr(out, "cache", None) is not None else out.past_key_values
+    cache = returned_cache(out)
     pairs = [(row, choice) for row, (_, choices) in enumerate(items) for choice in choices]
     totals = [float(first[row, choice[0]]) for row, choice in pairs]
     groups = _by_continuation_length(pairs)
@@ -302,30 +302,24 @@ def _by_continuation_length(pairs: list[tuple[int, list[int]]]) -> list[tuple[in
 def _continuations(
     model: nn.Module, cache: Any, mask: torch.Tensor, pairs: list[tuple[int, list[int]]], rest: int
 ) -> list[float]:
-    """Each choice's tokens after its first, scored on a copy of its question's cache."""
+    """Each choice's ``rest`` tokens after its first (every choice here has as many), scored on
+    a copy of its question's cache."""
     device = mask.device
     rows = torch.tensor([row for row, _ in pairs], device=device)
     cache.batch_select_indices(rows)
-    ids = torch.zeros((len(pairs), rest), dtype=torch.long)
-    cont_mask = torch.zeros((len(pairs), rest), dtype=torch.long)
-    for index, (_, choice) in enumerate(pairs):
-        ids[index, : len(choice) - 1] = torch.tensor(choice[:-1])
-        cont_mask[index, : len(choice) - 1] = 1
-    full_mask = torch.cat([mask[rows], cont_mask.to(device)], dim=1)
-    start = mask[rows].sum(-1, keepdim=True)
-    positions = start + torch.arange(rest, device=device)
+    ids = torch.tensor([choice[:-1] for _, choice in pairs], dtype=torch.long, device=device)
+    full_mask = torch.cat([mask[rows], torch.ones_like(ids)], dim=1)
+    positions = mask[rows].sum(-1, keepdim=True) + torch.arange(rest, device=device)
     logits = model(
-        input_ids=ids.to(device),
+        input_ids=ids,
         attention_mask=full_mask,
         position_ids=positions,
         use_cache=True,
         **{cache_keyword(model): cache},
     ).logits
     logp = torch.log_softmax(logits.float(), dim=-1).cpu()
-    return [
-        float(logp[index, torch.arange(len(choice) - 1), _long(choice[1:])].double().sum())
-        for index, (_, choice) in enumerate(pairs)
-    ]
+    nexts = torch.tensor([choice[1:] for _, choice in pairs], dtype=torch.long)
+    return logp.gather(-1, nexts.unsqueeze(-1)).squeeze(-1).double().sum(-1).tolist()
 
 
 def _argmax(values: Sequence[float]) -> int:
@@ -400,7 +394,3 @@ def chance_level(task: Task) -> float:
     if task.scoring is None or task.scoring.kind != "multiple_choice":
         return 0.0
     return sum(1 / len(e.choices or ()) for e in task.eval) / len(task.eval)
-
-
-def _long(ids: list[int]) -> torch.Tensor:
-    return torch.tensor(ids, dtype=torch.long)
