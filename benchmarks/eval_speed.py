@@ -9,7 +9,9 @@ of about 50, runs once per batch; choice continuations run grouped by length); `
 the library's earlier layout back in this process (each prompt left-padded whole, every choice
 continuation padded to the longest). The arms alternate over ``--repeats``; each ratio is
 ``plain ÷ shared`` within a repeat. Both arms must give the same row: their accuracies are
-compared and reported. Needs the model (``make smollm2``).
+compared and reported. Each repeat also scores a row between tasks (``eval.between``), and the
+report keeps where both rows' time goes (``EvalRow.parts``, the shared arm's median per part).
+Needs the model (``make smollm2``).
 
     python benchmarks/eval_speed.py [--repeats 3] [--threads 2]
 """
@@ -33,7 +35,7 @@ from forgetless.config.presets import smollm2_config_dict
 from forgetless.config.schema import TaskConfig
 from forgetless.core.storage import atomic_write_json
 from forgetless.eval import prompt_batch, scorers
-from forgetless.eval.evaluator import Evaluator
+from forgetless.eval.evaluator import EvalRow, Evaluator
 from forgetless.models.loading import load_model_and_tokenizer, resolve_source
 from forgetless.training.task_data import load_tasks
 
@@ -70,14 +72,18 @@ def _evaluator() -> tuple[Evaluator, Any]:
     return evaluator, model
 
 
-def _timed(evaluator: Evaluator, model: Any, arm: str) -> tuple[float, dict[str, float]]:
+def _timed(evaluator: Evaluator, model: Any, arm: str) -> tuple[float, EvalRow]:
     start = time.perf_counter()
     if arm == "plain":
         with plain_layout():
             row = evaluator.score(model)
     else:
         row = evaluator.score(model)
-    return time.perf_counter() - start, row.accuracy
+    return time.perf_counter() - start, row
+
+
+def _median_parts(rows: list[EvalRow]) -> dict[str, float]:
+    return {name: statistics.median(row.parts[name] for row in rows) for name in rows[0].parts}
 
 
 def _spread(values: list[float]) -> dict[str, Any]:
@@ -94,12 +100,14 @@ def main() -> None:
     before = os.getloadavg()[0]
     evaluator, model = _evaluator()
     seconds: dict[str, list[float]] = {"shared": [], "plain": []}
-    rows: dict[str, dict[str, float]] = {}
+    rows: dict[str, list[EvalRow]] = {"shared": [], "plain": [], "between": []}
     for repeat in range(args.repeats):
         for arm in ("shared", "plain") if repeat % 2 == 0 else ("plain", "shared"):
-            took, rows[arm] = _timed(evaluator, model, arm)
+            took, row = _timed(evaluator, model, arm)
             seconds[arm].append(took)
+            rows[arm].append(row)
             print(f"repeat {repeat + 1}, {arm}: {took:.1f} s", flush=True)
+        rows["between"].append(evaluator.score(model, between=True))
     ratios = [p / s for p, s in zip(seconds["plain"], seconds["shared"], strict=True)]
     report = {
         "settings": vars(args) | {"out": str(args.out)},
@@ -108,16 +116,20 @@ def main() -> None:
         "load": {"before": before, "after": os.getloadavg()[0]},
         "seconds": {arm: _spread(v) for arm, v in seconds.items()},
         "plain_over_shared": _spread(ratios),
-        "same_row": rows["shared"] == rows["plain"],
-        "accuracy": rows["shared"],
+        "same_row": rows["shared"][-1].accuracy == rows["plain"][-1].accuracy,
+        "accuracy": rows["shared"][-1].accuracy,
         "runs": seconds,
+        "parts": {
+            "full": _median_parts(rows["shared"]),
+            "between": _median_parts(rows["between"]),
+        },
     }
     atomic_write_json(args.out, report)
     print(render_table(report))
 
 
 def render_table(report: dict[str, Any]) -> str:
-    """The table docs/performance.md quotes, and where it was measured."""
+    """The tables docs/performance.md quotes (the layouts, then the parts), and where."""
     secs, ratio = report["seconds"], report["plain_over_shared"]
 
     def cell(spread: dict[str, Any]) -> str:
@@ -138,7 +150,34 @@ def render_table(report: dict[str, Any]) -> str:
             f"{machine_words(report['machine'])}, commit `{report['commit'][:7]}`, "
             f"{load_words(report['load'])}.",
         ]
-    )
+    ) + (f"\n\n{render_parts(report)}" if "parts" in report else "")
+
+
+PART_GROUPS = {
+    "greedy decoding: gk-short and chat-format": ("gk-short", "chat-format"),
+    "gk-mc: choices by log-likelihood": ("gk-mc",),
+    "gold log-likelihoods (tasks and probes)": ("loglik",),
+    "KL to the base on the probes": ("kl_drift",),
+    "held-out prose: perplexity and KL": ("prose",),
+}
+
+
+def render_parts(report: dict[str, Any]) -> str:
+    """Where a full row's and a row between tasks' time goes, part by part (medians)."""
+    parts = report["parts"]
+    totals = {kind: sum(parts[kind].values()) for kind in ("full", "between")}
+    named = {name for names in PART_GROUPS.values() for name in names}
+    tasks = tuple(name for name in parts["full"] if name not in named)  # lm_eval: none here
+    groups = {"greedy decoding: the run's four tasks": tasks, **PART_GROUPS}
+    lines = ["| part | full row, s (share) | row between tasks, s (share) |", "|---|---|---|"]
+    for label, names in groups.items():
+        cells = []
+        for kind in ("full", "between"):
+            spent = sum(parts[kind].get(name, 0.0) for name in names)
+            cells.append(f"{spent:.1f} ({spent / totals[kind]:.0%})")
+        lines.append(f"| {label} | {cells[0]} | {cells[1]} |")
+    lines.append(f"| all parts | {totals['full']:.1f} | {totals['between']:.1f} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -56,6 +56,19 @@ def test_scores_a_model_alone_and_writes_nothing(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_row_says_where_its_time_went(base: tuple[torch.nn.Module, object]) -> None:
+    """Each scored set and measure is timed; the parts are disjoint pieces of the row's time."""
+    model, tokenizer = base
+    settings = EvalConfig(kl_examples=8, loglik_examples=4, prose=True, prose_paragraphs=2)
+    evaluator = Evaluator(probes(), tokenizer, settings=settings, max_length=32)
+    evaluator.measure_base(model)
+    row = evaluator.score(model)
+    assert list(row.parts) == [*PROBES, "lm_eval", "loglik", "kl_drift", "prose"]
+    assert all(seconds >= 0 for seconds in row.parts.values())
+    assert row.parts["copy"] > 0 and row.parts["loglik"] > 0 and row.parts["prose"] > 0
+    assert sum(row.parts.values()) <= row.seconds + 0.01
+
+
 def test_a_damaged_model_drifts_and_retains_less(base: tuple[torch.nn.Module, object]) -> None:
     model, tokenizer = base
     evaluator = Evaluator(probes(), tokenizer, settings=EvalConfig(kl_examples=8), max_length=32)
@@ -89,4 +102,7 @@ def test_agrees_with_a_runs_rows(tiny_model_dir: Path, tmp_path: Path) -> None:
     row = evaluator.score(model, base=True)
     assert [row.accuracy["reverse"]] == results["accuracy_matrix"][0]
     assert [row.accuracy["copy"]] == results["probe_accuracy"][0]
+    assert [set(parts) >= {"reverse", "copy", "loglik"} for parts in results["eval_parts"]] == [
+        True
+    ] * len(results["eval_seconds"])
     assert os.path.isdir(out / "checkpoints" / "task-01-reverse")

@@ -202,6 +202,7 @@ def test_base_row_is_evaluated_once_and_read_after(
     for key in ("accuracy_matrix", "probe_accuracy", "loglik", "probe_loglik"):
         assert again[key][0] == one[key][0], key
     assert again["probe_chance"] == one["probe_chance"]
+    assert list(again["eval_parts"][0]) == ["cache"] and "reverse" in again["eval_parts"][1]
 
     raw["probes"] = ["upper"]  # another probe: another key, evaluated afresh
     evaluated.clear()

@@ -44,6 +44,22 @@ def _silent(description: str, total: int) -> Iterator[Advance]:
     yield _ignore
 
 
+class Stopwatch:
+    """Seconds per named part: ``with clock("loglik"): ...`` adds to ``clock.parts["loglik"]``."""
+
+    def __init__(self) -> None:
+        self.parts: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            spent = self.parts.get(name, 0.0) + time.perf_counter() - start
+            self.parts[name] = round(spent, 3)
+
+
 @dataclass
 class EvalRow:
     """One model's scores. ``accuracy`` names every task, then every probe (task and lm-eval);
@@ -56,6 +72,9 @@ class EvalRow:
     kl_model_to_base: float | None = None
     prose: dict[str, float] | None = None
     seconds: float = 0.0
+    parts: dict[str, float] = field(default_factory=dict)
+    """Seconds per part of ``seconds``: each task and probe by name, then ``lm_eval``,
+    ``loglik``, ``kl_drift`` and ``prose`` (where the evaluation's time goes)."""
     results: dict[str, EvalResult] = field(default_factory=dict, repr=False)
     """The task and task-probe scorings behind ``accuracy`` (what a method's task end reads)."""
 
@@ -137,16 +156,20 @@ class Evaluator:
     ) -> EvalRow:
         """Score ``model``; ``between`` caps the examples at ``eval.between`` (a row between
         tasks); ``base`` says it is the base itself (its prose row is the one measured)."""
-        start = time.perf_counter()
+        start, clock = time.perf_counter(), Stopwatch()
         cap = self.settings.between if between else None
-        results = self._scored(model, cap, bars)
+        results = self._scored(model, cap, bars, clock)
         accuracy = {name: r.accuracy for name, r in results.items()}
-        accuracy.update(self._lm_eval_scores(model))
+        with clock("lm_eval"):
+            accuracy.update(self._lm_eval_scores(model))
         row = EvalRow(accuracy, self.chance(), results=results)
-        row.loglik = self._loglik(model)
-        row.kl_base_to_model, row.kl_model_to_base = self._drift(model)
-        row.prose = self._prose_row(model, between, base)
-        row.seconds = round(time.perf_counter() - start, 2)
+        with clock("loglik"):
+            row.loglik = self._loglik(model)
+        with clock("kl_drift"):
+            row.kl_base_to_model, row.kl_model_to_base = self._drift(model)
+        with clock("prose"):
+            row.prose = self._prose_row(model, between, base)
+        row.seconds, row.parts = round(time.perf_counter() - start, 2), clock.parts
         return row
 
     def chance(self) -> dict[str, float]:
@@ -162,13 +185,18 @@ class Evaluator:
                 )
         return {name: chance[name] for name in self.probe_names}
 
-    def _scored(self, model: nn.Module, cap: int | None, bars: ProgressBars) -> dict[str, Any]:
+    def _scored(
+        self, model: nn.Module, cap: int | None, bars: ProgressBars, clock: Stopwatch
+    ) -> dict[str, Any]:
         everything = [*self.tasks, *self.probes]
         out = {}
         with bars("evaluate", len(everything)) as advance:
             for task in everything:
                 shown = task if cap is None else dataclasses.replace(task, eval=task.eval[:cap])
-                out[task.name] = score_task(model, self.tokenizer, shown, self.settings.batch_size)
+                with clock(task.name):
+                    out[task.name] = score_task(
+                        model, self.tokenizer, shown, self.settings.batch_size
+                    )
                 advance(None)
         return out
 

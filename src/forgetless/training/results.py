@@ -39,6 +39,8 @@ class Results:
     """Per row: perplexity and KL(base || model) on the held-out prose (``eval.prose``)."""
     eval_seconds: list[float] = field(default_factory=list)
     """Per row: the wall time of its evaluation (a cached base row: the time to read it)."""
+    eval_parts: list[dict[str, float]] = field(default_factory=list)
+    """Per row: ``eval_seconds`` by part (``EvalRow.parts``; a cached base row: ``cache``)."""
     inputs: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Per data file the run reads: its size and SHA-256 (``training.inputs``)."""
     runtime: dict[str, Any] = field(default_factory=dict)
@@ -59,6 +61,7 @@ class Results:
         if row.prose is not None:
             self.prose.append(row.prose)
         self.eval_seconds.append(row.seconds)
+        self.eval_parts.append(row.parts)
 
     @property
     def completed_tasks(self) -> int:
@@ -130,6 +133,7 @@ class Results:
             "probe_loglik": self.probe_loglik,
             "prose": self.prose,
             "eval_seconds": self.eval_seconds,
+            "eval_parts": self.eval_parts,
             "inputs": self.inputs,
             "runtime": self.runtime,
         }
@@ -162,6 +166,7 @@ class Results:
             probe_loglik=data.get("probe_loglik", []),
             prose=data.get("prose", []),
             eval_seconds=data.get("eval_seconds", []),
+            eval_parts=data.get("eval_parts", []),
             inputs=data.get("inputs", {}),
             runtime=data.get("runtime", {}),
         )

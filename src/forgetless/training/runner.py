@@ -179,7 +179,9 @@ class Runner:
         path = base_row_path(loop.cfg, source)
         start = time.perf_counter()
         if path is not None and load_base_row(path, results):
-            results.eval_seconds.append(round(time.perf_counter() - start, 2))
+            took = round(time.perf_counter() - start, 2)
+            results.eval_seconds.append(took)
+            results.eval_parts.append({"cache": took})
             loop.writer.say(f"base row read from {path}")
             return
         loop.record_row(results, loop.finetuner.model)
