@@ -48,16 +48,49 @@ def _one_padded_group(pairs: list[tuple[int, list[int]]]) -> list[tuple[int, lis
     return [(longest, list(range(len(pairs))))] if longest > 0 else []
 
 
+def _padded_continuations(
+    model: Any, cache: Any, mask: torch.Tensor, pairs: list[tuple[int, list[int]]], rest: int
+) -> list[float]:
+    """The earlier ``scorers._continuations``: every choice right-padded to ``rest`` tokens."""
+    rows = torch.tensor([row for row, _ in pairs])
+    cache.batch_select_indices(rows)
+    ids = torch.zeros((len(pairs), rest), dtype=torch.long)
+    own = torch.zeros((len(pairs), rest), dtype=torch.long)
+    for index, (_, choice) in enumerate(pairs):
+        ids[index, : len(choice) - 1] = torch.tensor(choice[:-1])
+        own[index, : len(choice) - 1] = 1
+    positions = mask[rows].sum(-1, keepdim=True) + torch.arange(rest)
+    logits = model(
+        input_ids=ids,
+        attention_mask=torch.cat([mask[rows], own], dim=1),
+        position_ids=positions,
+        use_cache=True,
+        **{scorers.cache_keyword(model): cache},
+    ).logits
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return [
+        float(
+            logp[index, torch.arange(len(choice) - 1), torch.tensor(choice[1:], dtype=torch.long)]
+            .double()
+            .sum()
+        )
+        for index, (_, choice) in enumerate(pairs)
+    ]
+
+
 @contextmanager
 def plain_layout() -> Iterator[None]:
     """No shared head and padded continuations, for the duration."""
-    head, groups = prompt_batch.shared_head, scorers._by_continuation_length
+    head = prompt_batch.shared_head
+    groups, continuations = scorers._by_continuation_length, scorers._continuations
     prompt_batch.shared_head = lambda prompts: 0  # type: ignore[assignment]
     scorers._by_continuation_length = _one_padded_group  # type: ignore[assignment]
+    scorers._continuations = _padded_continuations  # type: ignore[assignment]
     try:
         yield
     finally:
-        prompt_batch.shared_head, scorers._by_continuation_length = head, groups
+        prompt_batch.shared_head = head
+        scorers._by_continuation_length, scorers._continuations = groups, continuations
 
 
 def _evaluator() -> tuple[Evaluator, Any]:

@@ -110,6 +110,9 @@ def test_run_report(tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.Mo
     assert html.count("data:image/png;base64,") == 4
     for name in ["accuracy_matrix", "task_curves", "kl_drift", "forgetting"]:
         assert (tmp_path / "r" / "plots" / f"{name}.png").is_file()
+    markdown = (tmp_path / "r" / "report.md").read_text()
+    time_rows = markdown.split("Where the time went")[1].split("\n## ")[0]
+    assert "| base |" in time_rows and "| reverse |" in time_rows and "loglik" in time_rows
 
 
 def test_compare_reports_only_separated_intervals() -> None:

@@ -205,6 +205,8 @@ def sections_for_run(
     probes = results["metrics"].get("probe_retention")
     if probes:
         sections.append(_probe_section(results, probes))
+    if results.get("eval_seconds"):
+        sections.append(_time_section(results))
     if results.get("events"):
         sections.append(_events_section(results["events"]))
     return f"forgetless run: {method} on {', '.join(results['tasks'])}", sections, pictures
@@ -231,6 +233,27 @@ def _probe_section(results: dict[str, Any], probes: dict[str, Any]) -> Section:
     )
     headers = ["probe", "base", "now", "chance", "retention", "drop", "log-lik"]
     return Section("Probe retention", note.strip(), headers, rows)
+
+
+def _largest_parts(parts: dict[str, float], most: int = 3) -> str:
+    largest = sorted(parts.items(), key=lambda item: -item[1])[:most]
+    return ", ".join(f"{name} {seconds:.1f}" for name, seconds in largest) or "n/a"
+
+
+def _time_section(results: dict[str, Any]) -> Section:
+    """Per row of the accuracy matrix: the training before it and its evaluation, with the
+    evaluation's largest parts (``eval_parts``; absent in a file written before them)."""
+    evals, parts = results["eval_seconds"], results.get("eval_parts") or []
+    names = ["base", *results["tasks"]]
+    trains = [None, *(stats.get("train_seconds") for stats in results["per_task"])]
+    rows = []
+    for i, seconds in enumerate(evals):
+        train = f"{trains[i]:.1f}" if i < len(trains) and trains[i] is not None else "–"
+        largest = _largest_parts(parts[i]) if i < len(parts) else "n/a"
+        rows.append([names[i] if i < len(names) else str(i), train, f"{seconds:.1f}", largest])
+    note = "Wall seconds. Row 0 is the base's evaluation (cache: read from eval.cache_base_row)."
+    headers = ["after", "training, s", "evaluation, s", "largest evaluation parts, s"]
+    return Section("Where the time went", note, headers, rows)
 
 
 def _events_section(events: list[dict[str, Any]]) -> Section:
