@@ -139,18 +139,19 @@ def _bench_fault(bench: Any) -> str | None:
     return None
 
 
-def _is_run_summary(run: Any) -> bool:
-    def number(value: Any) -> bool:
-        return isinstance(value, int | float)
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
+
+def _is_run_summary(run: Any) -> bool:
     return (
         isinstance(run, dict)
         and isinstance(run.get("variant"), str)
         and isinstance(run.get("folder"), str)
         and isinstance(run.get("metrics"), dict)
-        and all(v is None or number(v) for k, v in run["metrics"].items() if k in METRIC_KEYS)
-        and number(run.get("train_seconds"))
-        and number(run.get("steps"))
+        and all(v is None or _is_number(v) for k, v in run["metrics"].items() if k in METRIC_KEYS)
+        and _is_number(run.get("train_seconds"))
+        and _is_number(run.get("steps"))
     )
 
 
@@ -205,7 +206,8 @@ def sections_for_run(
     probes = results["metrics"].get("probe_retention")
     if probes:
         sections.append(_probe_section(results, probes))
-    if results.get("eval_seconds"):
+    evals = results.get("eval_seconds")
+    if evals and isinstance(evals, list) and all(_is_number(s) for s in evals):
         sections.append(_time_section(results))
     if results.get("events"):
         sections.append(_events_section(results["events"]))
@@ -235,7 +237,11 @@ def _probe_section(results: dict[str, Any], probes: dict[str, Any]) -> Section:
     return Section("Probe retention", note.strip(), headers, rows)
 
 
-def _largest_parts(parts: dict[str, float], most: int = 3) -> str:
+def _largest_parts(parts: Any, most: int = 3) -> str:
+    """The ``most`` largest parts of one row's ``eval_parts`` ("n/a" where there are none or a
+    hand-edited file holds something else)."""
+    if not isinstance(parts, dict) or not all(_is_number(v) for v in parts.values()):
+        return "n/a"
     largest = sorted(parts.items(), key=lambda item: -item[1])[:most]
     return ", ".join(f"{name} {seconds:.1f}" for name, seconds in largest) or "n/a"
 
@@ -245,11 +251,11 @@ def _time_section(results: dict[str, Any]) -> Section:
     evaluation's largest parts (``eval_parts``; absent in a file written before them)."""
     evals, parts = results["eval_seconds"], results.get("eval_parts") or []
     names = ["base", *results["tasks"]]
-    trains = [None, *(stats.get("train_seconds") for stats in results["per_task"])]
+    trains = [None, *(s.get("train_seconds") for s in results["per_task"] if isinstance(s, dict))]
     rows = []
     for i, seconds in enumerate(evals):
-        train = f"{trains[i]:.1f}" if i < len(trains) and trains[i] is not None else "–"
-        largest = _largest_parts(parts[i]) if i < len(parts) else "n/a"
+        train = f"{trains[i]:.1f}" if i < len(trains) and _is_number(trains[i]) else "–"
+        largest = _largest_parts(parts[i] if i < len(parts) else None)
         rows.append([names[i] if i < len(names) else str(i), train, f"{seconds:.1f}", largest])
     note = "Wall seconds. Row 0 is the base's evaluation (cache: read from eval.cache_base_row)."
     headers = ["after", "training, s", "evaluation, s", "largest evaluation parts, s"]
