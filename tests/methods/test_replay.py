@@ -28,6 +28,7 @@ from forgetless.methods.replay import (
     general_features,
     mix_batch,
     mix_sources,
+    replay_count,
     reservoir_update,
 )
 from forgetless.models.tiny import build_char_tokenizer
@@ -85,6 +86,25 @@ def test_mix_batch_replaces_the_set_fraction() -> None:
     assert mix_batch(batch, [], 0.5, random.Random(0)) == batch, "empty memory: batch unchanged"
     small = mix_batch(batch, memory[:2], 1.0, random.Random(0))
     assert len(small) == 8 and all(f["input_ids"][0] >= 100 for f in small)
+
+
+def test_a_share_below_one_row_a_batch_still_replays_on_average() -> None:
+    """6.25% of 8 rows is half a row: rounded to the nearest it replayed nothing, ever."""
+    batch, memory = [feat(i) for i in range(8)], [feat(100 + i) for i in range(16)]
+    for ratio, low, high in [(0.0625, 0, 1), (0.95, 7, 8), (0.3, 2, 3)]:
+        counts = [
+            sum(f["input_ids"][0] >= 100 for f in mix_batch(batch, memory, ratio, random.Random(s)))
+            for s in range(4000)
+        ]
+        assert set(counts) == {low, high}, "the share rounds down or up, never further"
+        assert sum(counts) / len(counts) == pytest.approx(ratio * 8, abs=0.03)
+
+
+def test_a_whole_share_takes_no_random_draw() -> None:
+    """Whole counts replay as before: the draws that follow are the same."""
+    rng, untouched = random.Random(7), random.Random(7)
+    assert replay_count(8, 0.25, 16, rng) == 2 and replay_count(10, 0.3, 16, rng) == 3
+    assert rng.random() == untouched.random()
 
 
 def contexts(index: int, features: list[Features]) -> TaskContext:

@@ -3,6 +3,7 @@ outside the sequence, mixed into every training batch."""
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -59,17 +60,28 @@ def reservoir_update(
     return out, seen
 
 
-def replay_count(batch_size: int, ratio: float, buffer_len: int) -> int:
-    """How many of a batch's examples come from the buffer (none while it is empty)."""
+def replay_count(batch_size: int, ratio: float, buffer_len: int, rng: random.Random) -> int:
+    """How many of a batch's examples come from the buffer (none while it is empty).
+
+    ``ratio * batch_size`` when that is whole; else rounded down or up at random, up with the
+    fractional part's probability, so that every share is kept on average: rounding to the
+    nearest would replay nothing at all below half an example per batch (6.25% of 8 rows).
+    A whole count takes no draw from ``rng``.
+    """
     if buffer_len == 0:
         return 0
-    return min(batch_size, round(ratio * batch_size))
+    share = ratio * batch_size
+    if abs(share - round(share)) < 1e-9:
+        return min(batch_size, round(share))
+    whole = math.floor(share)
+    return min(batch_size, whole + int(rng.random() < share - whole))
 
 
 def mix_batch(
     features: Sequence[Features], buffer: Sequence[Features], ratio: float, rng: random.Random
 ) -> list[Features]:
-    """Replace ``round(ratio * len(features))`` of ``features`` with examples drawn from ``buffer``.
+    """Replace ``ratio * len(features)`` of ``features`` (``replay_count``) with examples drawn
+    from ``buffer``.
 
     The batch is already a random draw of the current task, so its first examples are kept and the
     rest replaced; buffer examples are drawn without replacement when the buffer is big enough.
@@ -84,13 +96,13 @@ def mix_sources(
 ) -> list[Features]:
     """Replace a share of ``features`` with draws from each ``(pool, ratio)`` in turn.
 
-    Pool ``i`` gets ``round(ratio_i * len(features))`` slots (none while it is empty), capped by
+    Pool ``i`` gets ``ratio_i * len(features)`` slots (``replay_count``), capped by
     the slots still free; the current task's first examples fill the rest, then each pool's
     draws follow in order (without replacement when the pool is big enough).
     """
     free, counts = len(features), []
     for pool, ratio in pools:
-        counts.append(min(free, replay_count(len(features), ratio, len(pool))))
+        counts.append(min(free, replay_count(len(features), ratio, len(pool), rng)))
         free -= counts[-1]
     out = list(features[:free])
     for (pool, _), k in zip(pools, counts, strict=True):
@@ -247,9 +259,10 @@ class Replay(Method[ReplayConfig]):
     over the whole stream is a strong baseline.
 
     When a task ends, its tokenized training examples stream into the reservoir. Every micro-batch
-    of a later task then has ``round(ratio * batch_size)`` of its examples replaced by memory
-    examples, drawn from an RNG seeded by (run seed, ``seed``, task, step, micro-batch), so a
-    resumed run replays exactly what an uninterrupted one does. The memory and the reservoir's
+    of a later task then has ``ratio * batch_size`` of its examples replaced by memory examples
+    (rounded at random when not whole: ``replay_count``), drawn from an RNG seeded by (run seed,
+    ``seed``, task, step, micro-batch), so a resumed run replays exactly what an uninterrupted
+    one does. The memory and the reservoir's
     count are the method's state.
 
     ``general`` mixes data from outside the sequence (the shipped prose, a JSONL file, a dataset
