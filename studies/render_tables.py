@@ -11,7 +11,8 @@ and this script rewrites what lies between them from ``studies/results/bench-bas
 
 A campaign table (``<!-- campaign-table: real.yaml -->`` … ``<!-- /campaign-table -->``) renders
 from the CPU runs kept in ``studies/results/campaigns/<config stem>.jsonl.gz`` (``forgetless bench
---campaign``, packed by ``runs.py``), whatever is there, and names the planned runs still missing.
+--campaign``, packed by ``runs.py``), whatever is there, and names the planned runs still missing;
+``<!-- campaign-table: real.yaml seq_ft,replay -->`` renders those variants only.
 A tasks table (``<!-- tasks-table: real_tasks.json -->`` … ``<!-- /tasks-table -->``) lists each
 instruct task's base accuracy and its accuracy after training on it alone.
 A claims table (``<!-- claims-table: SECTION -->`` … ``<!-- /claims-table -->``) renders the
@@ -63,7 +64,9 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "studies" / "results"
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 BLOCK = re.compile(r"(<!-- bench-table: (\S+) -->\n)(.*?)(<!-- /bench-table -->)", re.S)
-CAMPAIGN = re.compile(r"(<!-- campaign-table: (\S+) -->\n)(.*?)(<!-- /campaign-table -->)", re.S)
+CAMPAIGN = re.compile(
+    r"(<!-- campaign-table: (\S+)(?: (\S+))? -->\n)(.*?)(<!-- /campaign-table -->)", re.S
+)
 TASKS = re.compile(r"(<!-- tasks-table: (\S+) -->\n)(.*?)(<!-- /tasks-table -->)", re.S)
 MEMORY = re.compile(r"(<!-- memory-table: (\d+) -->\n)(.*?)(<!-- /memory-table -->)", re.S)
 MEMORY_CHECK = re.compile(r"(<!-- memory-check: (\S+) -->\n)(.*?)(<!-- /memory-check -->)", re.S)
@@ -304,9 +307,16 @@ def _gain_clause(gains: list[float]) -> str:
     return f", at a new-task gain {_fmt(*interval(gains))} from `seq_ft`'s: {gain_match(gains)}"
 
 
-def render_campaign(config: str) -> str:
-    """The kept runs of a campaign as a table, then the planned runs not kept yet."""
+def render_campaign(config: str, only: list[str] | None = None) -> str:
+    """The kept runs of a campaign as a table, then the planned runs not kept yet; ``only``: these
+    of its variants, in this order (``seq_ft`` among them for the paired columns)."""
     variants, seeds, runs, stale = _kept_runs(config)
+    if only is not None:
+        unknown = sorted(set(only) - set(variants))
+        if unknown:
+            raise SystemExit(f"campaign-table {config}: no variant {', '.join(unknown)}")
+        variants = only
+        stale = [s for s in stale if s.rsplit(" ", 1)[0] in only]
     headers = ["variant", "runs", *(label for _, label in CAMPAIGN_COLUMNS)]
     headers += ["gk-mc retention − seq_ft (paired)", "time vs seq_ft"]
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
@@ -430,7 +440,8 @@ def rewrite(text: str) -> str:
         return match.group(1) + render(bench) + match.group(4)
 
     def campaign(match: re.Match[str]) -> str:
-        return match.group(1) + render_campaign(match.group(2)) + match.group(4)
+        only = match.group(3).split(",") if match.group(3) else None
+        return match.group(1) + render_campaign(match.group(2), only) + match.group(5)
 
     def tasks(match: re.Match[str]) -> str:
         return match.group(1) + render_tasks(match.group(2)) + match.group(4)

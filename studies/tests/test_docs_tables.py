@@ -370,3 +370,13 @@ def test_a_retention_comparison_says_whether_its_gain_is_matched() -> None:
     assert render_tables.gain_match([0.01]) == "matched on average only (one seed)"
     far = render_tables._gain_clause([-0.20, -0.15, -0.17])
     assert "not matched (beyond 0.05)" in far
+
+
+def test_a_campaign_table_can_show_some_of_its_variants() -> None:
+    only = ["seq_ft", "replay@ratio=0.25"]
+    text = render_tables.render_campaign("real-verdicts-sweep.yaml", only)
+    rows = [line.split(" | ")[0] for line in text.splitlines() if line.startswith("| ")]
+    assert rows[1:] == ["| seq_ft", "| replay@ratio=0.25"]
+    assert "ewc" not in text and "All 2 runs are kept" in text
+    with pytest.raises(SystemExit, match="no variant replay@ratio=0.3"):
+        render_tables.render_campaign("real-verdicts-sweep.yaml", ["seq_ft", "replay@ratio=0.3"])
