@@ -26,7 +26,7 @@ Runs = dict[tuple[str, int], dict[str, Any]]
 Metric = Callable[[dict[str, Any], str], float | None]
 COLUMNS = [
     ("gain", "gain"),
-    ("retention", "probe retention"),
+    ("retention", "probe retention (unclipped)"),
     ("average_accuracy", "avg acc"),
     ("bwt", "BWT"),
 ]

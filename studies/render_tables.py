@@ -54,6 +54,7 @@ from memory_model import check_table
 from memory_model import table as memory_table
 from memory_plan_check import render_folder
 from runs import kept_record, pack_path, read_pack
+from verdict_stats import at_ceiling_or_floor
 
 from forgetless.bench.campaign import config_key
 from forgetless.bench.stats import mean_interval, paired_verdict
@@ -108,9 +109,10 @@ AGREEMENT = re.compile(r"(<!-- agreement-table: (\S+) -->\n)(.*?)(<!-- /agreemen
 CAMPAIGN_COLUMNS = [
     ("average_accuracy", "avg acc"),
     ("bwt", "BWT"),
-    ("probe:gk-mc", "gk-mc retention"),
-    ("probe:gk-short", "gk-short retention"),
-    ("now:chat-format", "chat-format"),
+    ("kept:gk-mc", "gk-mc retention (unclipped)"),
+    ("change:gk-mc", "gk-mc raw change"),
+    ("kept:gk-short", "gk-short retention (unclipped)"),
+    ("now:chat-format", "chat-format (raw score)"),
     ("prose:kl_base_to_model", "prose KL"),
     ("prose:perplexity", "prose ppl"),
 ]
@@ -136,10 +138,16 @@ def _fmt(mean: float, half: float, n: int) -> str:
 
 
 def _metric(run: dict[str, Any], key: str) -> float | None:
-    """A run's metric; ``probe:NAME`` is a probe's retention, ``now:NAME`` its final score,
-    ``prose:FIELD`` a final prose measure."""
+    """A run's metric; ``probe:NAME`` is a probe's retention as the library reports it (clipped
+    to [0, 1]), ``kept:NAME`` the same unclipped and ``change:NAME`` its raw accuracy change
+    (``probe_change``), ``general_retention`` the unclipped mean over the probes, ``now:NAME``
+    a probe's final score, ``prose:FIELD`` a final prose measure."""
     metrics = run["metrics"]
     kind, _, name = key.partition(":")
+    if kind in ("kept", "change"):
+        return probe_change(run.get("results") or {}, name, above_chance=kind == "kept")
+    if key == "general_retention":
+        return general_retention(metrics.get("probe_retention") or {})
     if kind in ("probe", "now"):
         field = "retention" if kind == "probe" else "now"
         value = (metrics.get("probe_retention") or {}).get(name, {}).get(field)
@@ -148,6 +156,32 @@ def _metric(run: dict[str, Any], key: str) -> float | None:
     else:
         value = metrics.get(key)
     return float(value) if isinstance(value, int | float) else None
+
+
+def general_retention(probes: dict[str, Any]) -> float | None:
+    """The mean over probes (the library's ``probe_retention`` details) of the above-chance
+    ratio, NOT clipped; probes whose base is at chance are left out, as the library does."""
+    found = [
+        (p["now"] - p["chance"]) / (p["base"] - p["chance"])
+        for p in probes.values()
+        if isinstance(p, dict) and p.get("base", 0.0) > p.get("chance", 0.0)
+    ]
+    return sum(found) / len(found) if found else None
+
+
+def probe_change(results: dict[str, Any], name: str, above_chance: bool) -> float | None:
+    """Probe ``name`` from a run's first row (the base) to its last: the above-chance ratio
+    ``(now − chance) / (base − chance)``, NOT clipped (above 1 when the model gains; None with
+    the base at chance), or the raw change ``now − base``."""
+    names, rows = results.get("probes") or [], results.get("probe_accuracy") or []
+    if name not in names or len(rows) < 2:
+        return None
+    k = names.index(name)
+    base, now = float(rows[0][k]), float(rows[-1][k])
+    if not above_chance:
+        return now - base
+    chance = float((results.get("probe_chance") or [0.0] * len(names))[k])
+    return (now - chance) / (base - chance) if base > chance else None
 
 
 def render(bench: dict[str, Any]) -> str:
@@ -207,6 +241,7 @@ def _kept_runs(config: str) -> tuple[list[str], list[int], dict[tuple[str, int],
             results = record.get("results") or {}
             keys = (
                 "rows",
+                "probes",
                 "probe_accuracy",
                 "probe_chance",
                 "kl_drift",
@@ -221,8 +256,9 @@ def _kept_runs(config: str) -> tuple[list[str], list[int], dict[tuple[str, int],
     return [v.name for v in section.variants], seeds, runs, stale
 
 
-PRIMARY = "probe:gk-mc"
-"""The primary retention probe: the question set's multiple-choice form, above chance."""
+PRIMARY = "kept:gk-mc"
+"""The primary retention probe: the question set's multiple-choice form, above chance,
+unclipped (a clipped ratio ties every model at or above the base's score at 1)."""
 RETENTION_WINDOW = (0.1, 0.9)
 """Where seq_ft's primary retention must fall for the scale to tell methods apart."""
 
@@ -266,8 +302,8 @@ def _campaign_verdicts(variants: list[str], seeds: list[int], runs: dict[Any, An
     ]
     score = sum(p["base"] for p in probe) / len(probe)
     lines = [
-        f"\n`seq_ft` keeps {_fmt(*interval(base))} of the base's above-chance `gk-mc` score "
-        f"(base {score:.3f} against chance {probe[0]['chance']:.2f}; {spread})."
+        f"\n`seq_ft` keeps {_fmt(*interval(base))} of the base's above-chance `gk-mc` score, "
+        f"unclipped (base {score:.3f} against chance {probe[0]['chance']:.2f}; {spread})."
     ]
     for name in variants:
         diffs = _paired(runs, name, seeds, PRIMARY)
@@ -318,7 +354,7 @@ def render_campaign(config: str, only: list[str] | None = None) -> str:
         variants = only
         stale = [s for s in stale if s.rsplit(" ", 1)[0] in only]
     headers = ["variant", "runs", *(label for _, label in CAMPAIGN_COLUMNS)]
-    headers += ["gk-mc retention − seq_ft (paired)", "time vs seq_ft"]
+    headers += ["gk-mc retention − seq_ft (paired, unclipped)", "time vs seq_ft"]
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     base_time = [r["train_seconds"] for (v, _), r in runs.items() if v == "seq_ft"]
     for name in variants:
@@ -466,7 +502,9 @@ def rewrite(text: str) -> str:
         return match.group(1) + render_budget(runs, seeds, match.group(2)) + match.group(4)
 
     def frontier(match: re.Match[str]) -> str:
-        return match.group(1) + render_frontier(_frontier_rows(match.group(2))) + match.group(4)
+        config = match.group(2)
+        table = render_frontier(_frontier_rows(config)) + _frontier_note(config)
+        return match.group(1) + table + match.group(4)
 
     def geometry(match: re.Match[str]) -> str:
         return match.group(1) + block("geometry-claims", match.group(2)) + match.group(4)
@@ -538,7 +576,47 @@ def results_section(number: int) -> str:
 
 def _frontier_rows(config: str) -> list[dict[str, Any]]:
     variants, seeds, runs, _ = _kept_runs(config)
-    return frontier_rows(variants, seeds, runs, _metric)
+    probes, _ = _retained_probes(runs)
+    return frontier_rows(variants, seeds, runs, functools.partial(_general_metric, probes=probes))
+
+
+def _retained_probes(runs: dict[tuple[str, int], Any]) -> tuple[list[str], list[str]]:
+    """The campaign's probes, split into those kept and those at ceiling or floor in every run
+    (base and final rows), which the verdicts plan's drop rule leaves out of aggregates."""
+    kept: list[str] = []
+    dropped: list[str] = []
+    results = [r["results"] for r in runs.values() if (r.get("results") or {}).get("probes")]
+    for name in dict.fromkeys(p for r in results for p in r["probes"]):
+        found = [r for r in results if name in r["probes"] and len(r["probe_accuracy"]) > 1]
+        if not found:
+            continue
+        k = found[0]["probes"].index(name)
+        scores = [
+            row[k] for r in found for row in (r["probe_accuracy"][0], r["probe_accuracy"][-1])
+        ]
+        chance = (found[0].get("probe_chance") or [0.0] * (k + 1))[k]
+        (dropped if at_ceiling_or_floor(scores, chance) else kept).append(name)
+    return kept, dropped
+
+
+def _general_metric(run: dict[str, Any], key: str, probes: list[str]) -> float | None:
+    """``_metric``, but ``retention`` is the mean unclipped above-chance retention over
+    ``probes`` (the library's summary clips each probe to [0, 1])."""
+    if key != "retention":
+        return _metric(run, key)
+    found = [
+        v for p in probes if (v := probe_change(run.get("results") or {}, p, True)) is not None
+    ]
+    return sum(found) / len(found) if found else None
+
+
+def _frontier_note(config: str) -> str:
+    _, _, runs, _ = _kept_runs(config)
+    _, dropped = _retained_probes(runs)
+    if not dropped:
+        return ""
+    names = ", ".join(f"`{p}`" for p in dropped)
+    return f"\nProbe retention leaves out {names}: at ceiling or floor in every run.\n"
 
 
 def draw_frontiers(text: str) -> None:

@@ -378,5 +378,19 @@ def test_a_campaign_table_can_show_some_of_its_variants() -> None:
     rows = [line.split(" | ")[0] for line in text.splitlines() if line.startswith("| ")]
     assert rows[1:] == ["| seq_ft", "| replay@ratio=0.25"]
     assert "ewc" not in text and "All 2 runs are kept" in text
-    with pytest.raises(SystemExit, match="no variant replay@ratio=0.3"):
+    with pytest.raises(SystemExit, match=r"no variant replay@ratio=0\.3"):
         render_tables.render_campaign("real-verdicts-sweep.yaml", ["seq_ft", "replay@ratio=0.3"])
+
+
+def test_no_claim_reads_a_clipped_retention() -> None:
+    """A retention clipped at 1 ties every model that answers more than the base (issue 49)."""
+    clipped = [c["claim"] for c in render_tables.load_claims() if c["metric"].startswith("probe:")]
+    assert not clipped, f"claims on a clipped retention (use kept:NAME): {clipped}"
+
+
+def test_unclipped_retention_goes_past_one() -> None:
+    results = {"probes": ["mc"], "probe_chance": [0.25], "probe_accuracy": [[0.5], [0.6]]}
+    assert render_tables.probe_change(results, "mc", above_chance=True) == pytest.approx(1.4)
+    assert render_tables.probe_change(results, "mc", above_chance=False) == pytest.approx(0.1)
+    at_chance = {**results, "probe_accuracy": [[0.25], [0.6]]}
+    assert render_tables.probe_change(at_chance, "mc", above_chance=True) is None
