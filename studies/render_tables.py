@@ -120,7 +120,7 @@ COLUMNS = [
     ("average_accuracy", "avg acc"),
     ("bwt", "BWT"),
     ("gain", "gain"),
-    ("retention", "probe retention"),
+    ("general_retention", "probe retention (unclipped)"),
     ("kl_drift", "KL(base‖model)"),
 ]
 
@@ -194,7 +194,7 @@ def render(bench: dict[str, Any]) -> str:
     base = by_variant.get("seq_ft", {})
     headers = ["variant", *(label for _, label in COLUMNS)]
     if base:
-        headers += ["retention − seq_ft (paired)", "gain − seq_ft (paired)"]
+        headers += ["retention − seq_ft (paired, unclipped)", "gain − seq_ft (paired)"]
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     joint = {r["variant"] for r in bench.get("rows", []) if r.get("joint_training")}
     for name in variants:
@@ -207,7 +207,7 @@ def render(bench: dict[str, Any]) -> str:
                 continue
             cells.append(_fmt(*interval(values)) if values else "n/a")
         if base:
-            for key in ("retention", "gain"):
+            for key in ("general_retention", "gain"):
                 diffs = [
                     a - b
                     for seed, r in runs.items()
