@@ -59,8 +59,9 @@ def test_the_figure_pattern_tells_scores_from_costs() -> None:
 
 def test_the_renderer_pairs_by_seed() -> None:
     def run(variant: str, seed: int, retention: float) -> dict[str, object]:
-        metrics = {"retention": retention, "gain": 0.9, "average_accuracy": 0.5, "bwt": -0.5}
-        return {"variant": variant, "seed": seed, "metrics": metrics}
+        probe = {"base": 0.5, "now": 0.5 * retention, "chance": 0.0}
+        metrics = {"probe_retention": {"p": probe}, "gain": 0.9, "average_accuracy": 0.5}
+        return {"variant": variant, "seed": seed, "metrics": metrics | {"bwt": -0.5}}
 
     bench = {
         "variants": [{"name": "seq_ft"}, {"name": "kl"}],
