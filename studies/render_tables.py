@@ -249,7 +249,14 @@ def _kept_runs(config: str) -> tuple[list[str], list[int], dict[tuple[str, int],
                 "per_task",
             )
             rows = {k: results.get(k) for k in keys}
-            runs[(variant.name, cfg.seed)] = record["summary"] | {"results": rows}
+            sitting = {
+                "cpu": (record.get("machine") or {}).get("cpu"),
+                "alone": (record.get("contention") or {}).get("shared_cores") is False,
+            }
+            runs[(variant.name, cfg.seed)] = record["summary"] | {
+                "results": rows,
+                "sitting": sitting,
+            }
         elif run in kept:
             stale.append(f"{variant.name} s{cfg.seed}")
     seeds = list(range(section.first_seed, section.first_seed + section.seeds))
@@ -348,6 +355,20 @@ def _gain_clause(gains: list[float]) -> str:
     return f", at a new-task gain {_fmt(*interval(gains))} from `seq_ft`'s: {gain_match(gains)}"
 
 
+def _time_ratio(mine: list[dict[str, Any]], control: list[dict[str, Any]]) -> str:
+    """Mean training time over ``control``'s, only where every run of both ran on one CPU model
+    with the cores to itself (its record says so); else "–" (issue 49)."""
+    both = mine + control
+    cpus = {r["sitting"]["cpu"] for r in both}
+    if not control or len(cpus) != 1 or not all(r["sitting"]["alone"] for r in both):
+        return "–"
+    return f"{_train_seconds(mine) / _train_seconds(control):.2f}"
+
+
+def _train_seconds(runs: list[dict[str, Any]]) -> float:
+    return sum(r["train_seconds"] for r in runs) / len(runs)
+
+
 def render_campaign(config: str, only: list[str] | None = None) -> str:
     """The kept runs of a campaign as a table, then the planned runs not kept yet; ``only``: these
     of its variants, in this order (``seq_ft`` among them for the paired columns)."""
@@ -359,9 +380,9 @@ def render_campaign(config: str, only: list[str] | None = None) -> str:
         variants = only
         stale = [s for s in stale if s.rsplit(" ", 1)[0] in only]
     headers = ["variant", "runs", *(label for _, label in CAMPAIGN_COLUMNS)]
-    headers += ["gk-mc retention − seq_ft (paired, unclipped)", "time vs seq_ft"]
+    headers += ["gk-mc retention − seq_ft (paired, unclipped)", "time vs seq_ft (alone)"]
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    base_time = [r["train_seconds"] for (v, _), r in runs.items() if v == "seq_ft"]
+    base = [r for (v, _), r in runs.items() if v == "seq_ft"]
     for name in variants:
         mine = [runs[(name, s)] for s in seeds if (name, s) in runs]
         if not mine:
@@ -372,9 +393,7 @@ def render_campaign(config: str, only: list[str] | None = None) -> str:
             cells.append(_fmt(*interval(values)) if values else "n/a")
         diffs = _paired(runs, name, seeds, PRIMARY)
         cells.append(_fmt(*interval(diffs)) if diffs and name != "seq_ft" else "–")
-        time = sum(r["train_seconds"] for r in mine) / len(mine)
-        ratio = time / (sum(base_time) / len(base_time)) if base_time else None
-        cells.append(f"{ratio:.2f}" if ratio is not None else "n/a")
+        cells.append(_time_ratio(mine, base))
         lines.append("| " + " | ".join(cells) + " |")
     lines.append(_campaign_verdicts(variants, seeds, runs).rstrip("\n"))
     missing = [f"{v} s{s}" for v in variants for s in seeds if (v, s) not in runs]

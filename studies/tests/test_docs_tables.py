@@ -398,3 +398,13 @@ def test_unclipped_retention_goes_past_one() -> None:
     assert render_tables.probe_change(results, "mc", above_chance=False) == pytest.approx(0.1)
     at_chance = {**results, "probe_accuracy": [[0.25], [0.6]]}
     assert render_tables.probe_change(at_chance, "mc", above_chance=True) is None
+
+
+def test_a_time_ratio_needs_one_cpu_and_the_cores_alone() -> None:
+    def run(seconds: float, cpu: str = "AMD EPYC", alone: bool = True) -> dict[str, object]:
+        return {"train_seconds": seconds, "sitting": {"cpu": cpu, "alone": alone}}
+
+    assert render_tables._time_ratio([run(150.0)], [run(100.0), run(100.0)]) == "1.50"
+    assert render_tables._time_ratio([run(150.0, cpu="Intel Xeon")], [run(100.0)]) == "–"
+    assert render_tables._time_ratio([run(150.0)], [run(100.0, alone=False)]) == "–"
+    assert render_tables._time_ratio([run(150.0)], []) == "–"
