@@ -15,6 +15,7 @@ from forgetless.eval.metrics import (
     plasticity_gain,
     probe_retention,
     probe_retention_detail,
+    probe_retention_unclipped,
     summarize,
     token_kl,
 )
@@ -113,6 +114,21 @@ def test_retention_measures_from_chance() -> None:
     assert probe_retention([0.85], [0.55]) == pytest.approx(0.55 / 0.85)
 
 
+def test_unclipped_retention_tells_apart_models_the_clip_ties() -> None:
+    """Two models above the base both clip to 1; unclipped they differ (issue 49's case: gk-mc,
+    base 181 of 320 questions, one model 185 and another 205)."""
+    base, chance = [181 / 320], [0.25]
+    one, other = [185 / 320], [205 / 320]
+    assert probe_retention(base, one, chance) == probe_retention(base, other, chance) == 1.0
+    low = probe_retention_unclipped(base, one, chance)
+    high = probe_retention_unclipped(base, other, chance)
+    assert low is not None and high is not None and 1.0 < low < high
+    assert high == pytest.approx((205 / 320 - 0.25) / (181 / 320 - 0.25))
+    detail = probe_retention_detail(["mc", "gen"], [0.5, 0.2], [0.7, 0.1], chance=[0.25, 0.25])
+    assert [d.ratio for d in detail] == [pytest.approx(1.8), None]
+    assert summarize([[0.0], [1.0]], base, other, chance)["retention_unclipped"] == high
+
+
 def test_retention_reports_probes_at_chance_instead_of_dropping_them() -> None:
     detail = probe_retention_detail(["copy", "mc"], [0.9, 0.2], [0.45, 0.6], chance=[0.0, 0.25])
     assert [d.retention for d in detail] == [pytest.approx(0.5), None]
@@ -166,13 +182,22 @@ def test_probe_retention() -> None:
 
 def test_summarize() -> None:
     out = summarize(R3, [0.5, 0.0, 0.8], [0.25, 0.3, 0.8])
-    assert set(out) == {"average_accuracy", "bwt", "fwt", "forgetting", "gain", "retention"}
+    assert set(out) == {
+        "average_accuracy",
+        "bwt",
+        "fwt",
+        "forgetting",
+        "gain",
+        "retention",
+        "retention_unclipped",
+    }
     assert out["average_accuracy"] == pytest.approx(average_accuracy(R3))
     assert out["bwt"] == pytest.approx(-0.25)
     assert out["fwt"] == pytest.approx(0.2)
     assert out["forgetting"] == pytest.approx(0.275)
     assert out["gain"] == pytest.approx(2 / 3)
     assert out["retention"] == pytest.approx(0.75)
+    assert out["retention_unclipped"] == pytest.approx(0.75)  # no probe above its base
     single = summarize(R1, [0.0], [0.1])
     assert single["bwt"] is None and single["fwt"] is None and single["forgetting"] is None
     assert single["retention"] is None

@@ -33,7 +33,16 @@ from forgetless.training.outdir import OutDirLock
 from forgetless.training.runner import Runner
 
 BENCH_FILE = "bench.json"
-METRICS = ["average_accuracy", "bwt", "fwt", "forgetting", "gain", "retention", "kl_drift"]
+METRICS = [
+    "average_accuracy",
+    "bwt",
+    "fwt",
+    "forgetting",
+    "gain",
+    "retention",
+    "retention_unclipped",
+    "kl_drift",
+]
 NOT_FOR_JOINT = {"bwt", "fwt", "forgetting"}
 
 

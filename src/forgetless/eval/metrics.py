@@ -173,7 +173,9 @@ class ProbeRetention:
 
     ``retention`` is ``clip((now - chance) / (base - chance), 0, 1)``, or ``None`` when the
     base is at or below chance (nothing to retain: the probe is left out of the mean, with a
-    warning); ``drop`` is the absolute ``base - now``.
+    warning); ``ratio`` is the same ratio unclipped (above 1 when the model answers more than
+    the base, below 0 under chance), which a comparison between models must read, since the
+    clip ties every model at or above the base; ``drop`` is the absolute ``base - now``.
     """
 
     name: str
@@ -182,6 +184,7 @@ class ProbeRetention:
     chance: float
     retention: float | None
     drop: float
+    ratio: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -204,8 +207,9 @@ def probe_retention_detail(
     out = []
     for name, b, n, c in zip(names, base, now, chance, strict=True):
         b, n, c = float(b), float(n), float(c)
-        kept = None if b <= c else min(1.0, max(0.0, (n - c) / (b - c)))
-        out.append(ProbeRetention(name, b, n, c, kept, b - n))
+        ratio = None if b <= c else (n - c) / (b - c)
+        kept = None if ratio is None else min(1.0, max(0.0, ratio))
+        out.append(ProbeRetention(name, b, n, c, kept, b - n, ratio))
     return out
 
 
@@ -223,6 +227,18 @@ def probe_retention(
     names = [str(k) for k in range(len(base))]
     kept = [p.retention for p in probe_retention_detail(names, base, now, chance)]
     usable = [r for r in kept if r is not None]
+    return _mean(usable) if usable else None
+
+
+def probe_retention_unclipped(
+    base: Sequence[float], now: Sequence[float], chance: Sequence[float] | None = None
+) -> float | None:
+    """:func:`probe_retention` without the clip: the mean over the probes above chance at the
+    base of ``(now[k] - c_k) / (base[k] - c_k)``, above 1 when the model gains. What tells two
+    models apart that both score at or above the base."""
+    names = [str(k) for k in range(len(base))]
+    ratios = [p.ratio for p in probe_retention_detail(names, base, now, chance)]
+    usable = [r for r in ratios if r is not None]
     return _mean(usable) if usable else None
 
 
@@ -276,8 +292,9 @@ def summarize(
 
     Keys: ``average_accuracy``, ``bwt`` (:func:`backward_transfer`), ``fwt``
     (:func:`forward_transfer`), ``forgetting`` (:func:`average_forgetting`), ``gain``
-    (:func:`plasticity_gain`), ``retention`` (:func:`probe_retention`). Values that are
-    undefined (single task, no usable probes) are ``None``. Sources: see each function.
+    (:func:`plasticity_gain`), ``retention`` (:func:`probe_retention`), ``retention_unclipped``
+    (:func:`probe_retention_unclipped`). Values that are undefined (single task, no usable
+    probes) are ``None``. Sources: see each function.
     """
     return {
         "average_accuracy": average_accuracy(R),
@@ -286,4 +303,5 @@ def summarize(
         "forgetting": average_forgetting(R),
         "gain": plasticity_gain(R),
         "retention": probe_retention(probe_base, probe_now, probe_chance),
+        "retention_unclipped": probe_retention_unclipped(probe_base, probe_now, probe_chance),
     }

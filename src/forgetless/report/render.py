@@ -15,7 +15,16 @@ from forgetless.errors import CheckpointError, ConfigError
 from forgetless.report import plots
 from forgetless.training.results import Results
 
-METRIC_KEYS = ["average_accuracy", "bwt", "fwt", "forgetting", "gain", "retention", "kl_drift"]
+METRIC_KEYS = [
+    "average_accuracy",
+    "bwt",
+    "fwt",
+    "forgetting",
+    "gain",
+    "retention",
+    "retention_unclipped",
+    "kl_drift",
+]
 HEADERS = [
     "variant",
     "runs",
@@ -25,6 +34,7 @@ HEADERS = [
     "forgetting",
     "gain",
     "retention",
+    "retention (unclipped)",
     "KL(base‖model)",
     "steps",
     "train s",
@@ -45,7 +55,7 @@ def _cell(value: Any) -> str:
 def bench_table_rows(rows: list[dict[str, Any]]) -> list[list[str]]:
     table = []
     for row in rows:
-        cells = [row["variant"], str(row["runs"])] + [_cell(row[k]) for k in METRIC_KEYS]
+        cells = [row["variant"], str(row["runs"])] + [_cell(row.get(k)) for k in METRIC_KEYS]
         if row.get("joint_training"):
             cells[3] = cells[4] = cells[5] = "n/a (joint)"
         ratio = row.get("time_vs_seq_ft")
@@ -221,19 +231,23 @@ def _probe_section(results: dict[str, Any], probes: dict[str, Any]) -> Section:
     rows = []
     for i, (name, p) in enumerate(probes.items()):
         kept = "left out (base ≤ chance)" if p["retention"] is None else f"{p['retention']:.3f}"
+        ratio = p.get("ratio")
+        unclipped = f"{ratio:.3f}" if isinstance(ratio, int | float) else "n/a"
         ll = (
             f"{first[i]:.3f} → {last[i]:.3f}"
             if i < len(last) and last[i] is not None and first[i] is not None
             else "n/a"
         )
-        row = [name, f"{p['base']:.2f}", f"{p['now']:.2f}", f"{p['chance']:.2f}", kept]
+        row = [name, f"{p['base']:.2f}", f"{p['now']:.2f}", f"{p['chance']:.2f}", kept, unclipped]
         rows.append([*row, f"{p['drop']:+.2f}", ll])
     note = (
         "retention = clip((now − chance) / (base − chance), 0, 1); its mean over the probes "
-        "above chance is the run's retention. Log-likelihood: the gold completion's mean "
+        "above chance is the run's retention. Unclipped, the same ratio goes above 1 when the "
+        "model answers more than the base: compare models on it. Log-likelihood: the gold "
+        "completion's mean "
         "nats per token, base → now. " + " ".join(results["metrics"].get("warnings", []))
     )
-    headers = ["probe", "base", "now", "chance", "retention", "drop", "log-lik"]
+    headers = ["probe", "base", "now", "chance", "retention", "unclipped", "drop", "log-lik"]
     return Section("Probe retention", note.strip(), headers, rows)
 
 

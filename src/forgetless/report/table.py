@@ -14,6 +14,7 @@ METRIC_LABELS = {
     "forgetting": "average forgetting",
     "gain": "gain (plasticity)",
     "retention": "probe retention",
+    "retention_unclipped": "probe retention, unclipped",
 }
 
 
