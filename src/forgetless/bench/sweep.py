@@ -29,20 +29,12 @@ from forgetless.core.machine import load_average
 from forgetless.core.ownership import mark_folder, marker_record
 from forgetless.core.storage import atomic_write_json
 from forgetless.errors import ConfigError
+from forgetless.eval.metrics import RUN_METRICS
 from forgetless.training.outdir import OutDirLock
 from forgetless.training.runner import Runner
 
 BENCH_FILE = "bench.json"
-METRICS = [
-    "average_accuracy",
-    "bwt",
-    "fwt",
-    "forgetting",
-    "gain",
-    "retention",
-    "retention_unclipped",
-    "kl_drift",
-]
+METRICS = list(RUN_METRICS)
 NOT_FOR_JOINT = {"bwt", "fwt", "forgetting"}
 
 

@@ -282,6 +282,20 @@ def token_kl(logp_p: Tensor, logp_q: Tensor, mask: Tensor) -> Tensor:
     return (p * log_ratio).sum(dim=-1).mean()
 
 
+RUN_METRICS = (
+    "average_accuracy",
+    "bwt",
+    "fwt",
+    "forgetting",
+    "gain",
+    "retention",
+    "retention_unclipped",
+    "kl_drift",
+)
+"""The run-level metrics, in the order a bench aggregates and a report prints them: those of
+:func:`summarize`, then the probes' KL to the base."""
+
+
 def summarize(
     R: Matrix,
     probe_base: Sequence[float],

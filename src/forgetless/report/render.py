@@ -12,19 +12,11 @@ from typing import Any
 from forgetless.core.rundir import RunDir
 from forgetless.core.storage import atomic_write_text
 from forgetless.errors import CheckpointError, ConfigError
+from forgetless.eval.metrics import RUN_METRICS
 from forgetless.report import plots
 from forgetless.training.results import Results
 
-METRIC_KEYS = [
-    "average_accuracy",
-    "bwt",
-    "fwt",
-    "forgetting",
-    "gain",
-    "retention",
-    "retention_unclipped",
-    "kl_drift",
-]
+METRIC_KEYS = list(RUN_METRICS)
 HEADERS = [
     "variant",
     "runs",
