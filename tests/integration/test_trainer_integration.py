@@ -310,6 +310,7 @@ def test_retention_and_kl_to_the_base_reach_the_trainers_log(tmp_path: Path) -> 
         0 <= e["forgetless/retention"] <= 1 and e["forgetless/kl_to_base"] >= 0 for e in logged
     )
     assert {"forgetless/acc/copy", "forgetless/acc/upper"} <= set(logged[0])
+    assert all(isinstance(e["forgetless/retention_unclipped"], float) for e in logged)
     assert any(e.get("forgetless/ewc", 0) > 0 for e in recorder.logs)  # task 2's penalty
     assert recorder.logs[-1] == {
         k: v for k, v in trainer.state.log_history[-1].items() if k != "step"

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from forgetless.eval.generation import forced_logprobs, kl_drift, teacher_forced_inputs
-from forgetless.eval.metrics import probe_retention
+from forgetless.eval.metrics import probe_retention, probe_retention_unclipped
 from forgetless.eval.scorers import chance_level
 from forgetless.tasks.base import Task
 from forgetless.tasks.builtin import build_builtin_task
@@ -51,8 +51,8 @@ class ProbeMeter:
         self.base_logprobs = [forced_logprobs(model, x) for x in self.inputs]
 
     def measure(self, model: nn.Module) -> dict[str, float]:
-        """``retention`` (left out when no probe is above chance at the base), ``kl_to_base``
-        and each probe's accuracy, as ``acc/<probe>``."""
+        """``retention`` and ``retention_unclipped`` (left out when no probe is above chance at
+        the base), ``kl_to_base`` and each probe's accuracy, as ``acc/<probe>``."""
         if not self.base_logprobs:
             raise RuntimeError("ProbeMeter.measure before fix_base")
         scores = [score(model) for score in self.scorers]
@@ -62,7 +62,8 @@ class ProbeMeter:
         ]
         out = {"kl_to_base": sum(drift) / len(drift)}
         kept = probe_retention(self.base_scores, scores, self.chance)
-        if kept is not None:
-            out["retention"] = kept
+        unclipped = probe_retention_unclipped(self.base_scores, scores, self.chance)
+        if kept is not None and unclipped is not None:
+            out |= {"retention": kept, "retention_unclipped": unclipped}
         out.update({f"acc/{p.name}": s for p, s in zip(self.batch, scores, strict=True)})
         return out
