@@ -60,6 +60,7 @@ from forgetless.bench.campaign import config_key
 from forgetless.bench.stats import mean_interval, paired_verdict
 from forgetless.bench.sweep import plan_runs
 from forgetless.bench.variants import BenchSection
+from forgetless.eval.metrics import probe_retention_unclipped
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "studies" / "results"
@@ -159,14 +160,11 @@ def _metric(run: dict[str, Any], key: str) -> float | None:
 
 
 def general_retention(probes: dict[str, Any]) -> float | None:
-    """The mean over probes (the library's ``probe_retention`` details) of the above-chance
-    ratio, NOT clipped; probes whose base is at chance are left out, as the library does."""
-    found = [
-        (p["now"] - p["chance"]) / (p["base"] - p["chance"])
-        for p in probes.values()
-        if isinstance(p, dict) and p.get("base", 0.0) > p.get("chance", 0.0)
-    ]
-    return sum(found) / len(found) if found else None
+    """The library's unclipped mean retention over a run's ``probe_retention`` details (kept
+    runs made before the library recorded it have the details only)."""
+    found = [p for p in probes.values() if isinstance(p, dict)]
+    columns = ([p[k] for p in found] for k in ("base", "now", "chance"))
+    return probe_retention_unclipped(*columns)
 
 
 def probe_change(results: dict[str, Any], name: str, above_chance: bool) -> float | None:
@@ -181,7 +179,7 @@ def probe_change(results: dict[str, Any], name: str, above_chance: bool) -> floa
     if not above_chance:
         return now - base
     chance = float((results.get("probe_chance") or [0.0] * len(names))[k])
-    return (now - chance) / (base - chance) if base > chance else None
+    return probe_retention_unclipped([base], [now], [chance])
 
 
 def render(bench: dict[str, Any]) -> str:
@@ -526,9 +524,8 @@ def rewrite(text: str) -> str:
         return match.group(1) + render_budget(runs, seeds, match.group(2)) + match.group(4)
 
     def frontier(match: re.Match[str]) -> str:
-        config = match.group(2)
-        table = render_frontier(_frontier_rows(config)) + _frontier_note(config)
-        return match.group(1) + table + match.group(4)
+        rows, dropped = _frontier(match.group(2))
+        return match.group(1) + render_frontier(rows) + _frontier_note(dropped) + match.group(4)
 
     def geometry(match: re.Match[str]) -> str:
         return match.group(1) + block("geometry-claims", match.group(2)) + match.group(4)
@@ -598,10 +595,12 @@ def results_section(number: int) -> str:
     return body + "\n"
 
 
-def _frontier_rows(config: str) -> list[dict[str, Any]]:
+def _frontier(config: str) -> tuple[list[dict[str, Any]], list[str]]:
+    """The frontier's rows, and the probes its retention leaves out."""
     variants, seeds, runs, _ = _kept_runs(config)
-    probes, _ = _retained_probes(runs)
-    return frontier_rows(variants, seeds, runs, functools.partial(_general_metric, probes=probes))
+    probes, dropped = _retained_probes(runs)
+    metric = functools.partial(_general_metric, probes=probes)
+    return frontier_rows(variants, seeds, runs, metric), dropped
 
 
 def _retained_probes(runs: dict[tuple[str, int], Any]) -> tuple[list[str], list[str]]:
@@ -634,9 +633,7 @@ def _general_metric(run: dict[str, Any], key: str, probes: list[str]) -> float |
     return sum(found) / len(found) if found else None
 
 
-def _frontier_note(config: str) -> str:
-    _, _, runs, _ = _kept_runs(config)
-    _, dropped = _retained_probes(runs)
+def _frontier_note(dropped: list[str]) -> str:
     if not dropped:
         return ""
     names = ", ".join(f"`{p}`" for p in dropped)
@@ -646,9 +643,7 @@ def _frontier_note(config: str) -> str:
 def draw_frontiers(text: str) -> None:
     """Draw every frontier block of ``text`` as docs/figures/<config stem>-frontier.png."""
     for match in FRONTIER.finditer(text):
-        figure(
-            _frontier_rows(match.group(2)), FIGURES / f"{Path(match.group(2)).stem}-frontier.png"
-        )
+        figure(_frontier(match.group(2))[0], FIGURES / f"{Path(match.group(2)).stem}-frontier.png")
 
 
 def _claim_runs(claim: dict[str, Any]) -> dict[tuple[str, int], dict[str, Any]]:

@@ -262,8 +262,7 @@ class Replay(Method[ReplayConfig]):
     of a later task then has ``ratio * batch_size`` of its examples replaced by memory examples
     (rounded at random when not whole: ``replay_count``), drawn from an RNG seeded by (run seed,
     ``seed``, task, step, micro-batch), so a resumed run replays exactly what an uninterrupted
-    one does. The memory and the reservoir's
-    count are the method's state.
+    one does. The memory and the reservoir's count are the method's state.
 
     ``general`` mixes data from outside the sequence (the shipped prose, a JSONL file, a dataset
     folder) into every batch from the first task on, at its own ratio, beside the memory or, with
