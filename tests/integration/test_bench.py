@@ -12,6 +12,7 @@ import yaml
 from conftest import tiny_run_config
 
 from forgetless.bench.stats import mean_interval, separated
+from forgetless.bench.sweep import plan_runs
 from forgetless.bench.variants import Variant, parse_variant, select_variants, task_order
 from forgetless.cli.app import main, split_variants
 from forgetless.errors import ConfigError
@@ -60,6 +61,21 @@ def test_task_orders_are_seeded_permutations() -> None:
     assert task_order(4, seed=0, order=0) == [0, 1, 2, 3]
     drawn = task_order(4, seed=0, order=1)
     assert sorted(drawn) == [0, 1, 2, 3] and drawn == task_order(4, seed=0, order=1)
+
+
+def test_a_bench_runs_seed_by_seed(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Stopped part-way, a bench has run every variant on the same seeds."""
+    variants = select_variants(["seq_ft", "replay", "ewc"], [])
+    planned = plan_runs(tiny_run_config(tiny_model_dir), variants, 2, 1, tmp_path, first_seed=7)
+    order = [(cfg.seed, variant.name) for variant, _, cfg in planned]
+    assert order == [
+        (7, "seq_ft"),
+        (7, "replay"),
+        (7, "ewc"),
+        (8, "seq_ft"),
+        (8, "replay"),
+        (8, "ewc"),
+    ]
 
 
 def test_pareto_front() -> None:

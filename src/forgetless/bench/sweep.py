@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -87,22 +88,23 @@ def plan_runs(
     first_seed: int = 0,
 ) -> list[tuple[Variant, Path, RunConfig]]:
     """Every (variant, seed, order) config, validated before anything runs; the seeds are
-    ``first_seed .. first_seed + seeds - 1`` (tuning seeds kept apart from measuring ones)."""
+    ``first_seed .. first_seed + seeds - 1`` (tuning seeds kept apart from measuring ones).
+
+    Seed by seed, every variant of one seed before the next seed: a bench stopped part-way
+    (or resumed over several sittings) leaves each variant with the same seeds, so what has
+    landed can already be compared in pairs."""
     planned = []
-    for variant in variants:
-        for seed in range(first_seed, first_seed + seeds):
-            for order in range(orders):
-                data = copy.deepcopy(base)
-                data.pop("bench", None)  # a run ignores the bench that plans it
-                data["seed"], data["method"] = seed, copy.deepcopy(variant.method)
-                data["tasks"] = [
-                    data["tasks"][i] for i in task_order(len(data["tasks"]), seed, order)
-                ]
-                for assignment in variant.set:
-                    apply_override(data, assignment)
-                cfg = validate_config(data, f"variant {variant.name}")
-                folder = out_dir / folder_name(variant.name) / run_folder_name(seed, order, orders)
-                planned.append((variant, folder, cfg))
+    seed_numbers = range(first_seed, first_seed + seeds)
+    for seed, order, variant in itertools.product(seed_numbers, range(orders), variants):
+        data = copy.deepcopy(base)
+        data.pop("bench", None)  # a run ignores the bench that plans it
+        data["seed"], data["method"] = seed, copy.deepcopy(variant.method)
+        data["tasks"] = [data["tasks"][i] for i in task_order(len(data["tasks"]), seed, order)]
+        for assignment in variant.set:
+            apply_override(data, assignment)
+        cfg = validate_config(data, f"variant {variant.name}")
+        folder = out_dir / folder_name(variant.name) / run_folder_name(seed, order, orders)
+        planned.append((variant, folder, cfg))
     return planned
 
 
