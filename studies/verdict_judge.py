@@ -121,10 +121,14 @@ def _untestable(runs: list[list[ProbeRun]]) -> bool:
     return all(v == 0 for v in now) or all(v == 1 for v in now)
 
 
-def order_verdict(stat: dict[str, Any], expected: int, adjusted: float | None) -> str:
-    """The plan's verdict rules for one order."""
+def order_verdict(
+    stat: dict[str, Any], expected: int, adjusted: float | None, seeds: int | None = None
+) -> str:
+    """The plan's verdict rules for one order; short of the plan's ``seeds`` pairs, pending."""
     if not stat.get("n") or adjusted is None:
         return "not run"
+    if seeds is not None and stat["n"] < seeds:
+        return f"pending ({stat['n']} of {seeds} seeds)"
     if stat["untestable"]:
         return "not testable here"
     side = 1 if stat["diff"] > 0 else -1
@@ -160,9 +164,11 @@ def judge_family(
     adjusted = holm([j.orders[o]["p"] for j, o in tests])
     for (judged, order), p in zip(tests, adjusted, strict=True):
         judged.orders[order]["p_holm"] = p
+    seeds = len(plan["seeds"]["measuring"])
     for judged in family:
         verdicts = {
-            o: order_verdict(s, judged.expected, s.get("p_holm")) for o, s in judged.orders.items()
+            o: order_verdict(s, judged.expected, s.get("p_holm"), seeds)
+            for o, s in judged.orders.items()
         }
         judged.verdict_a = verdicts.get("a", "not run")
         judged.verdict = _final(verdicts)
@@ -202,7 +208,12 @@ def _cell(stat: dict[str, Any]) -> str:
     )
 
 
-def render(plan: dict[str, Any], family: list[Judged], second: Sequence[Judged] = ()) -> str:
+def render(
+    plan: dict[str, Any],
+    family: list[Judged],
+    second: Sequence[Judged] = (),
+    sweep: Sequence[str] = (),
+) -> str:
     judged = [*family, *second]
     dropped = sorted({p for j in judged for s in j.orders.values() for p in s.get("dropped", [])})
     lines = [
@@ -213,7 +224,9 @@ def render(plan: dict[str, Any], family: list[Judged], second: Sequence[Judged] 
         "the mean paired difference of general retention (unclipped above-chance ratio, mean "
         "over the kept probes) with its seeds × items bootstrap 95% interval, the raw accuracy "
         "change difference, the paired t p and its Holm adjustment across the family, and the "
-        f"gain difference with its TOST at ±{plan['test']['gain_margin']}.",
+        f"gain difference with its TOST at ±{plan['test']['gain_margin']}. A verdict waits "
+        f"for the plan's {len(plan['seeds']['measuring'])} measuring seeds; until then its "
+        "row is pending and its cells, Holm included, are interim.",
         "",
         f"Probes left out by the drop rule: {', '.join(dropped) or 'none'}.",
         "",
@@ -224,6 +237,7 @@ def render(plan: dict[str, Any], family: list[Judged], second: Sequence[Judged] 
         *_second_table(plan, second),
         f"Not in the family: {plan['not_in_family']}",
         "",
+        *sweep,
     ]
     return "\n".join(lines)
 

@@ -116,26 +116,75 @@ def gains(records: dict[str, dict[str, Any]]) -> dict[str, list[float]]:
     return out
 
 
+Option = tuple[str, dict[str, Any], float]  # the strength's label, its config, its tuning gain
+
+
+def sweep_options(plan: dict[str, Any], sweep: dict[str, list[float]], arm: str) -> list[Option]:
+    """The arm's swept strengths that have landed, each with its mean tuning gain."""
+    from statistics import fmean
+
+    named = [(label, m, f"{arm}@{label}") for label, m in strengths(plan["arms"][arm])]
+    return [(label, m, fmean(sweep[key])) for label, m, key in named if key in sweep]
+
+
+def pick(options: list[Option], target: float, margin: float) -> tuple[Option, bool]:
+    """The plan's rule: among the strengths whose gain is within ``margin`` of ``target``, the
+    one that keeps most; where none is, the nearest in gain. True when within the margin."""
+    within = [o for o in options if abs(o[2] - target) <= margin]
+    if within:
+        return max(within, key=method_knob_value(within)), True
+    return min(options, key=lambda o: abs(o[2] - target)), False
+
+
 def choose(plan: dict[str, Any], sweep: dict[str, list[float]]) -> dict[str, Any]:
     """The measured strength of each arm: the plan's rule on the sweep's gains."""
     from statistics import fmean
 
     margin, target = plan["test"]["gain_margin"], fmean(sweep[plan["control"]])
     chosen = {plan["control"]: plan["arms"][plan["control"]]}
-    for arm, method in plan["arms"].items():
+    for arm in plan["arms"]:
         if arm == plan["control"]:
             continue
-        options = [(label, m, fmean(sweep[f"{arm}@{label}"])) for label, m in strengths(method)]
-        within = [o for o in options if abs(o[2] - target) <= margin]
-        if within:
-            key = method_knob_value(within)
-            chosen[arm] = max(within, key=key)[1]
-        else:
-            chosen[arm] = min(options, key=lambda o: abs(o[2] - target))[1]
+        options = sweep_options(plan, sweep, arm)
+        if len(options) < len(strengths(plan["arms"][arm])):
+            raise SystemExit(f"choose: the sweep has not landed every strength of {arm}")
+        chosen[arm] = pick(options, target, margin)[0][1]
     return chosen
 
 
-def method_knob_value(options: list[tuple[str, dict[str, Any], float]]) -> Any:
+def sweep_lines(plan: dict[str, Any], sweep: dict[str, list[float]]) -> list[str]:
+    """The sweep's table: each strength's tuning gain against seq_ft's, and the one measured."""
+    from statistics import fmean
+
+    control, margin = plan["control"], plan["test"]["gain_margin"]
+    if control not in sweep:
+        return []
+    target = fmean(sweep[control])
+    lines = [
+        "## The strength sweep",
+        "",
+        f"Order A, tuning seed {', '.join(map(str, plan['sweep']['seeds']))}; {control}'s "
+        f"tuning gain {target:.3f}. Each arm is measured at the strength whose gain is within "
+        f"±{margin} of it and keeps most; where none is, at the nearest in gain, and it can "
+        'only reach "frontier". An arm with a strength still running has none chosen yet.',
+        "",
+        "| arm | strength | tuning gain | minus seq_ft's | measured |",
+        "|---|---|---|---|---|",
+    ]
+    for arm in plan["arms"]:
+        if arm == control:
+            continue
+        options = sweep_options(plan, sweep, arm)
+        done = len(options) == len(strengths(plan["arms"][arm]))
+        chosen, within = pick(options, target, margin) if done and options else (None, False)
+        for label, _, value in options:
+            mark = "" if chosen is None or label != chosen[0] else "nearest: frontier only"
+            mark = "within the margin" if mark and within else mark
+            lines.append(f"| {arm} | {label} | {value:.3f} | {value - target:+.3f} | {mark} |")
+    return [*lines, ""]
+
+
+def method_knob_value(options: list[Option]) -> Any:
     """Order options by how much they keep: the knob's value, reversed for a 'lower' knob."""
     from forgetless.contract import method_class
 
@@ -186,7 +235,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = measuring_config(plan, "b", copy.deepcopy(arms))
         write_config(config_path(plan, "b"), cfg, "Order B.")
     else:
-        text = render(plan, judged(plan), judged(plan, "second_family"))
+        sweep = sweep_lines(plan, gains(kept(config_path(plan, "sweep"))))
+        text = render(plan, judged(plan), judged(plan, "second_family"), sweep)
         if args.check:
             return 0 if DOC.is_file() and DOC.read_text(encoding="utf-8") == text else 1
         DOC.write_text(text, encoding="utf-8")

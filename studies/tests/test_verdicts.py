@@ -136,3 +136,39 @@ def test_the_sweep_leaves_out_a_strength_the_method_refuses() -> None:
         "replay-general@ratio=0.0625",
     ]
     assert "replay@ratio=0.95" in names
+
+
+def test_a_verdict_waits_for_every_declared_seed() -> None:
+    """A campaign that has landed three of its five seeds shows its interim cells but no
+    verdict: seed-by-seed runs make partial pairs common."""
+    records = campaign({"replay": (0.55, 0.75), "seq_ft": (0.55, 0.40)}, {})
+    partial = {run: r for run, r in records.items() if not run.endswith(("s1003", "s1004"))}
+    replay = next(j for j in judge_family(PLAN, {"a": partial}) if j.arm == "replay")
+    assert replay.orders["a"]["n"] == 3
+    assert replay.verdict_a == replay.verdict == "pending (3 of 5 seeds)"
+
+
+def test_the_sweep_table_marks_the_measured_strength_and_why() -> None:
+    sweep = {"seq_ft": [0.90], "dft@default": [0.70]}
+    for arm, method in PLAN["arms"].items():
+        for label, _ in verdicts.strengths(method):
+            sweep.setdefault(f"{arm}@{label}", [0.88])
+    del sweep["asft@alpha=0.4"]  # still running
+    rows = {
+        tuple(c.strip() for c in line.split("|")[1:3]): line
+        for line in verdicts.sweep_lines(PLAN, sweep)
+        if line.startswith("| ")
+    }
+    assert rows[("kl_sft", "beta=0.4")].endswith("| within the margin |")
+    assert rows[("kl_sft", "beta=0.1")].endswith("|  |")
+    assert rows[("dft", "default")].endswith("| nearest: frontier only |")
+    assert not any(
+        line.endswith(("margin |", "only |")) for (arm, _), line in rows.items() if arm == "asft"
+    )
+    with pytest.raises(SystemExit, match="asft"):
+        verdicts.choose(PLAN, sweep)
+
+
+def test_the_verdicts_page_renders_from_the_kept_runs() -> None:
+    """docs/verdicts.md is what `python studies/verdicts.py render` makes of the packs."""
+    assert verdicts.main(["render", "--check"]) == 0
