@@ -8,6 +8,7 @@
     python studies/verdicts.py order-b            # order B's config: seq_ft + arms judged in A
     python studies/verdicts.py run b
     python studies/verdicts.py render [--check]   # docs/verdicts.md from the kept runs
+    python studies/verdicts.py status             # what each stage has landed, seed by seed
 
 Every run lands in runs/campaigns/<config stem>/ (the bench skips what is kept there) and is
 packed into studies/results/campaigns/<config stem>.jsonl.gz after each bench. On a lent GPU
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from runs import CAMPAIGNS, ROOT, pack_path, read_pack
+from runs import CAMPAIGNS, ROOT, UNPACKED, folder_records, pack_path, read_pack
 from verdict_judge import Judged, judge_family, render
 
 PLAN = ROOT / "studies" / "plans" / "real-verdicts.yaml"
@@ -206,6 +207,33 @@ def run_stage(plan: dict[str, Any], stage: str, jobs: int) -> int:
     return code
 
 
+def missing_seeds(cfg: dict[str, Any], runs: set[str]) -> dict[str, list[int]]:
+    """Each variant of a stage's config → its seeds with no landed run (``variant/sN``)."""
+    first, count = cfg["bench"].get("first_seed", 0), cfg["bench"]["seeds"]
+    return {
+        v["name"]: [s for s in range(first, first + count) if f"{v['name']}/s{s}" not in runs]
+        for v in cfg["bench"]["variants"]
+    }
+
+
+def status_lines(plan: dict[str, Any]) -> list[str]:
+    """Per stage: runs landed (packed or in the local campaign folder) of those planned."""
+    lines = []
+    for stage in ("sweep", "a", "b"):
+        path = config_path(plan, stage)
+        if not path.is_file():
+            lines.append(f"{stage}: no config yet")
+            continue
+        cfg = yaml.safe_load(path.read_text(encoding="utf-8"))
+        records = {**kept(path), **folder_records(UNPACKED / path.stem)}
+        missing = missing_seeds(cfg, {run.split("/", 1)[1] for run in records})
+        planned = len(missing) * cfg["bench"]["seeds"]
+        todo = sum(len(seeds) for seeds in missing.values())
+        lines.append(f"{stage} ({path.name}): {planned - todo} of {planned} runs landed")
+        lines += [f"  {name}: seeds {seeds} to run" for name, seeds in missing.items() if seeds]
+    return lines
+
+
 def judged(plan: dict[str, Any], which: str = "family") -> list[Judged]:
     orders = {o: kept(config_path(plan, o)) for o in ("a", "b")}
     return judge_family(plan, orders, which)
@@ -213,7 +241,9 @@ def judged(plan: dict[str, Any], which: str = "family") -> list[Judged]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=["configs", "run", "choose", "order-b", "render"])
+    parser.add_argument(
+        "command", choices=["configs", "run", "choose", "order-b", "render", "status"]
+    )
     parser.add_argument("stage", nargs="?", choices=["sweep", "a", "b"])
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--check", action="store_true")
@@ -226,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "choose":
         arms = choose(plan, gains(kept(config_path(plan, "sweep"))))
         write_config(config_path(plan, "a"), measuring_config(plan, "a", arms), "Order A.")
+    elif args.command == "status":
+        print("\n".join(status_lines(plan)))
     elif args.command == "order-b":
         chosen = yaml.safe_load(config_path(plan, "a").read_text())["bench"]["variants"]
         both = judged(plan) + judged(plan, "second_family")

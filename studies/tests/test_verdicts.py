@@ -172,3 +172,11 @@ def test_the_sweep_table_marks_the_measured_strength_and_why() -> None:
 def test_the_verdicts_page_renders_from_the_kept_runs() -> None:
     """docs/verdicts.md is what `python studies/verdicts.py render` makes of the packs."""
     assert verdicts.main(["render", "--check"]) == 0
+
+
+def test_status_names_the_seeds_still_to_run() -> None:
+    cfg = {
+        "bench": {"seeds": 3, "first_seed": 1000, "variants": [{"name": "seq_ft"}, {"name": "ewc"}]}
+    }
+    landed = {"seq_ft/s1000", "seq_ft/s1001", "ewc/s1000", "ewc/s900"}
+    assert verdicts.missing_seeds(cfg, landed) == {"seq_ft": [1002], "ewc": [1001, 1002]}
