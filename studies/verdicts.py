@@ -90,8 +90,14 @@ def sweep_config(plan: dict[str, Any]) -> dict[str, Any]:
     return cfg
 
 
+STEP_CHECKPOINTS = 25
+"""The measuring runs span sittings: one cut when a sitting ends resumes inside its task from
+its last step checkpoint, with the results an uncut run gives (docs/reliability.md)."""
+
+
 def measuring_config(plan: dict[str, Any], order: str, arms: dict[str, Any]) -> dict[str, Any]:
     cfg = base_config(plan, order)
+    cfg["train"]["checkpoint_every"] = STEP_CHECKPOINTS
     seeds = plan["seeds"]["measuring"]
     assert seeds == list(range(seeds[0], seeds[0] + len(seeds))), "measuring seeds run in a row"
     cfg["bench"] = {"seeds": len(seeds), "first_seed": seeds[0]}

@@ -180,3 +180,11 @@ def test_status_names_the_seeds_still_to_run() -> None:
     }
     landed = {"seq_ft/s1000", "seq_ft/s1001", "ewc/s1000", "ewc/s900"}
     assert verdicts.missing_seeds(cfg, landed) == {"seq_ft": [1002], "ewc": [1001, 1002]}
+
+
+def test_measuring_runs_resume_inside_a_task() -> None:
+    """Order A's runs span sittings: each writes step checkpoints; the sweep's did not, and its
+    kept runs' configs stay as they ran."""
+    arms = {"seq_ft": {"name": "seq_ft"}}
+    assert verdicts.measuring_config(PLAN, "a", arms)["train"]["checkpoint_every"] == 25
+    assert "checkpoint_every" not in verdicts.sweep_config(PLAN)["train"]
