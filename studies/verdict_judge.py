@@ -18,6 +18,8 @@ from verdict_stats import (
     general_retention,
     holm,
     paired_t,
+    pareto_front,
+    t_interval,
     tost_matched,
 )
 
@@ -107,6 +109,38 @@ def compare(plan: dict[str, Any], records: Records, arm: str, control: str) -> d
         "gain_matched": tost_matched(gain_diffs, plan["test"]["gain_margin"]),
         "untestable": _untestable(arm_runs + control_runs),
     }
+
+
+def frontier_lines(plan: dict[str, Any], records: Records) -> list[str]:
+    """Order A's arms by mean gain and mean general retention over their seeds, with 95%
+    t-intervals and the Pareto front marked: where an arm whose gain is not matched is judged."""
+    keep, _ = kept_probes(plan, records)
+    rows = []
+    for arm in plan["arms"]:
+        runs = list(by_seed(records, arm).values())
+        if runs:
+            kept = [general_retention(probe_runs(r, keep)) for r in runs]
+            rows.append((arm, len(runs), t_interval([gain(r) for r in runs]), t_interval(kept)))
+    if not rows:
+        return []
+    front = pareto_front([(g[0], r[0]) for _, _, g, r in rows])
+    lines = [
+        "## Gain and retention, order A",
+        "",
+        "Each arm's mean over its measuring seeds (95% t-interval). An arm whose gain is not "
+        "TOST-matched to seq_ft's is judged here: on the gain-retention front or not.",
+        "",
+        "| arm | seeds | gain | general retention (unclipped) | on the front |",
+        "|---|---|---|---|---|",
+    ]
+    for (arm, n, g, r), on_front in zip(rows, front, strict=True):
+        lines.append(f"| {arm} | {n} | {_pm(g)} | {_pm(r)} | {'yes' if on_front else ''} |")
+    return [*lines, ""]
+
+
+def _pm(value: tuple[float, float | None]) -> str:
+    mean, half = value
+    return f"{mean:.3f}" if half is None else f"{mean:.3f} ± {half:.3f}"
 
 
 def _raw_change(results: dict[str, Any], keep: list[str]) -> list[float]:
@@ -212,8 +246,9 @@ def render(
     plan: dict[str, Any],
     family: list[Judged],
     second: Sequence[Judged] = (),
-    sweep: Sequence[str] = (),
+    sections: Sequence[str] = (),
 ) -> str:
+    """The verdicts page: the family's table, the second family's, then ``sections`` (lines)."""
     judged = [*family, *second]
     dropped = sorted({p for j in judged for s in j.orders.values() for p in s.get("dropped", [])})
     lines = [
@@ -237,7 +272,7 @@ def render(
         *_second_table(plan, second),
         f"Not in the family: {plan['not_in_family']}",
         "",
-        *sweep,
+        *sections,
     ]
     return "\n".join(lines)
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 from runs import CAMPAIGNS, ROOT, UNPACKED, folder_records, pack_path, read_pack
-from verdict_judge import Judged, judge_family, render
+from verdict_judge import Judged, frontier_lines, judge_family, render
 
 PLAN = ROOT / "studies" / "plans" / "real-verdicts.yaml"
 BASE = ROOT / "studies" / "configs" / "real.yaml"
@@ -273,8 +273,9 @@ def main(argv: list[str] | None = None) -> int:
         cfg = measuring_config(plan, "b", copy.deepcopy(arms))
         write_config(config_path(plan, "b"), cfg, "Order B.")
     else:
-        sweep = sweep_lines(plan, gains(kept(config_path(plan, "sweep"))))
-        text = render(plan, judged(plan), judged(plan, "second_family"), sweep)
+        sections = frontier_lines(plan, kept(config_path(plan, "a")))
+        sections += sweep_lines(plan, gains(kept(config_path(plan, "sweep"))))
+        text = render(plan, judged(plan), judged(plan, "second_family"), sections)
         if args.check:
             return 0 if DOC.is_file() and DOC.read_text(encoding="utf-8") == text else 1
         DOC.write_text(text, encoding="utf-8")

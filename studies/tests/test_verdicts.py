@@ -8,8 +8,16 @@ from typing import Any
 
 import pytest
 import verdicts
-from verdict_judge import Judged, judge_family, verdict_line
-from verdict_stats import ProbeRun, bootstrap_interval, general_retention, holm, tost_matched
+from verdict_judge import Judged, frontier_lines, judge_family, verdict_line
+from verdict_stats import (
+    ProbeRun,
+    bootstrap_interval,
+    general_retention,
+    holm,
+    pareto_front,
+    t_interval,
+    tost_matched,
+)
 
 PLAN = verdicts.load_plan()
 ITEMS = 200
@@ -188,3 +196,22 @@ def test_measuring_runs_resume_inside_a_task() -> None:
     arms = {"seq_ft": {"name": "seq_ft"}}
     assert verdicts.measuring_config(PLAN, "a", arms)["train"]["checkpoint_every"] == 25
     assert "checkpoint_every" not in verdicts.sweep_config(PLAN)["train"]
+
+
+def test_the_frontier_table_marks_the_arms_no_other_beats_in_both() -> None:
+    """ewc keeps more but learns less than seq_ft: both are on the front; replay, below seq_ft
+    in retention at the same gain, is not."""
+    arms = {"seq_ft": (0.55, 0.40), "ewc": (0.55, 0.55), "replay": (0.55, 0.30)}
+    records = campaign(arms, {"seq_ft": 0.9, "ewc": 0.5, "replay": 0.9})
+    lines = [line for line in frontier_lines(PLAN, records) if line.startswith("| ")]
+    rows = {line.split("|")[1].strip(): line for line in lines}
+    assert rows["seq_ft"].endswith("| yes |") and rows["ewc"].endswith("| yes |")
+    assert rows["replay"].endswith("|  |") and "| 5 | 0.900 ± 0.000 |" in rows["replay"]
+    assert pareto_front([(0.9, 0.5), (0.5, 0.9), (0.5, 0.5), (0.9, 0.5)]) == [
+        True,
+        True,
+        False,
+        True,
+    ]
+    mean, half = t_interval([1.0, 2.0, 3.0])
+    assert mean == 2.0 and half == pytest.approx(4.303 / 3**0.5, rel=1e-3)
