@@ -222,22 +222,30 @@ def missing_seeds(cfg: dict[str, Any], runs: set[str]) -> dict[str, list[int]]:
     }
 
 
-def status_lines(plan: dict[str, Any]) -> list[str]:
-    """Per stage: runs landed (packed or in the local campaign folder) of those planned."""
+def status_lines(plan: dict[str, Any], local: bool = True) -> list[str]:
+    """Per stage: runs landed of those planned, packed (and with ``local``, in the local
+    campaign folder too), and each variant's seeds still to run."""
     lines = []
-    for stage in ("sweep", "a", "b"):
+    for stage, label in (("sweep", "the sweep"), ("a", "order A"), ("b", "order B")):
         path = config_path(plan, stage)
         if not path.is_file():
-            lines.append(f"{stage}: no config yet")
+            lines.append(f"{label}: no config yet")
             continue
         cfg = yaml.safe_load(path.read_text(encoding="utf-8"))
-        records = {**kept(path), **folder_records(UNPACKED / path.stem)}
+        records = {**kept(path), **(folder_records(UNPACKED / path.stem) if local else {})}
         missing = missing_seeds(cfg, {run.split("/", 1)[1] for run in records})
         planned = len(missing) * cfg["bench"]["seeds"]
         todo = sum(len(seeds) for seeds in missing.values())
-        lines.append(f"{stage} ({path.name}): {planned - todo} of {planned} runs landed")
+        lines.append(f"{label} ({path.name}): {planned - todo} of {planned} runs landed")
         lines += [f"  {name}: seeds {seeds} to run" for name, seeds in missing.items() if seeds]
     return lines
+
+
+def progress_lines(plan: dict[str, Any]) -> list[str]:
+    """The page's account of what has landed: the packed runs only, so it renders alike on
+    every checkout."""
+    stages = [line for line in status_lines(plan, local=False) if not line.startswith(" ")]
+    return ["## Progress", "", *(f"- {line}" for line in stages), ""]
 
 
 def judged(plan: dict[str, Any], which: str = "family") -> list[Judged]:
@@ -273,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = measuring_config(plan, "b", copy.deepcopy(arms))
         write_config(config_path(plan, "b"), cfg, "Order B.")
     else:
-        sections = frontier_lines(plan, kept(config_path(plan, "a")))
+        sections = progress_lines(plan) + frontier_lines(plan, kept(config_path(plan, "a")))
         sections += sweep_lines(plan, gains(kept(config_path(plan, "sweep"))))
         text = render(plan, judged(plan), judged(plan, "second_family"), sections)
         if args.check:
