@@ -234,11 +234,13 @@ def verdict_line(plan: dict[str, Any], judged: Judged) -> str:
 def _cell(stat: dict[str, Any]) -> str:
     if not stat.get("n"):
         return "–"
-    low, high = stat["bootstrap"] or (float("nan"), float("nan"))
+    gain = f"gain {stat['gain_diff']:+.3f} {'matched' if stat['gain_matched'] else 'not matched'}"
+    if stat["bootstrap"] is None:  # one pair: no interval and no test yet
+        return f"{stat['diff']:+.3f} (raw {stat['raw_change_diff']:+.3f}); {gain}; n {stat['n']}"
+    low, high = stat["bootstrap"]
     return (
         f"{stat['diff']:+.3f} [{low:+.3f}, {high:+.3f}] (raw {stat['raw_change_diff']:+.3f}); "
-        f"p {stat['p']:.3f}, Holm {stat['p_holm']:.3f}; gain {stat['gain_diff']:+.3f} "
-        f"{'matched' if stat['gain_matched'] else 'not matched'}; n {stat['n']}"
+        f"p {stat['p']:.3f}, Holm {stat['p_holm']:.3f}; {gain}; n {stat['n']}"
     )
 
 

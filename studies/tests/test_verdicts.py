@@ -154,6 +154,10 @@ def test_a_verdict_waits_for_every_declared_seed() -> None:
     replay = next(j for j in judge_family(PLAN, {"a": partial}) if j.arm == "replay")
     assert replay.orders["a"]["n"] == 3
     assert replay.verdict_a == replay.verdict == "pending (3 of 5 seeds)"
+    first = {run: r for run, r in records.items() if run.endswith("s1000")}
+    one = next(j for j in judge_family(PLAN, {"a": first}) if j.arm == "replay")
+    line = verdict_line(PLAN, one)  # one pair: no interval, no test, and no nan printed
+    assert "nan" not in line and " p " not in line and line.endswith("| pending (1 of 5 seeds) |")
 
 
 def test_the_sweep_table_marks_the_measured_strength_and_why() -> None:
