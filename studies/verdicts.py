@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 from runs import CAMPAIGNS, ROOT, UNPACKED, folder_records, pack_path, read_pack
-from verdict_judge import Judged, frontier_lines, judge_family, render
+from verdict_judge import Judged, frontier_lines, gain, judge_family, render
 
 PLAN = ROOT / "studies" / "plans" / "real-verdicts.yaml"
 BASE = ROOT / "studies" / "configs" / "real.yaml"
@@ -116,10 +116,12 @@ def kept(path: Path) -> dict[str, dict[str, Any]]:
 
 
 def gains(records: dict[str, dict[str, Any]]) -> dict[str, list[float]]:
-    """Each variant's gain per kept run (the sweep's tuning seeds)."""
+    """Each variant's gain per kept run (the sweep's tuning seeds), as the plan defines it: the
+    diagonal's mean. The library's ``gain`` also subtracts the base row, the same for every arm
+    of a seed, so the differences the choice reads are the same under both."""
     out: dict[str, list[float]] = {}
     for run, record in records.items():
-        out.setdefault(run.split("/")[1], []).append(record["summary"]["metrics"]["gain"])
+        out.setdefault(run.split("/")[1], []).append(gain(record["results"]))
     return out
 
 
