@@ -18,10 +18,11 @@ from verdict_stats import (
     general_retention,
     holm,
     paired_t,
-    pareto_front,
-    t_interval,
     tost_matched,
 )
+
+from forgetless.bench.stats import mean_interval
+from forgetless.report.plots import pareto_front
 
 Records = dict[str, dict[str, Any]]
 PRIMARY = "general_retention"
@@ -118,12 +119,13 @@ def frontier_lines(plan: dict[str, Any], records: Records) -> list[str]:
     rows = []
     for arm in plan["arms"]:
         runs = list(by_seed(records, arm).values())
-        if runs:
-            kept = [general_retention(probe_runs(r, keep)) for r in runs]
-            rows.append((arm, len(runs), t_interval([gain(r) for r in runs]), t_interval(kept)))
+        kept = mean_interval([general_retention(probe_runs(r, keep)) for r in runs])
+        gained = mean_interval([gain(r) for r in runs])
+        if kept is not None and gained is not None:
+            rows.append((arm, len(runs), gained, kept))
     if not rows:
         return []
-    front = pareto_front([(g[0], r[0]) for _, _, g, r in rows])
+    front = set(pareto_front([(g.mean, r.mean) for _, _, g, r in rows]))
     lines = [
         "## Gain and retention, order A",
         "",
@@ -133,14 +135,9 @@ def frontier_lines(plan: dict[str, Any], records: Records) -> list[str]:
         "| arm | seeds | gain | general retention (unclipped) | on the front |",
         "|---|---|---|---|---|",
     ]
-    for (arm, n, g, r), on_front in zip(rows, front, strict=True):
-        lines.append(f"| {arm} | {n} | {_pm(g)} | {_pm(r)} | {'yes' if on_front else ''} |")
+    for index, (arm, n, g, r) in enumerate(rows):
+        lines.append(f"| {arm} | {n} | {g} | {r} | {'yes' if index in front else ''} |")
     return [*lines, ""]
-
-
-def _pm(value: tuple[float, float | None]) -> str:
-    mean, half = value
-    return f"{mean:.3f}" if half is None else f"{mean:.3f} ± {half:.3f}"
 
 
 def _raw_change(results: dict[str, Any], keep: list[str]) -> list[float]:

@@ -61,22 +61,6 @@ def paired_t(diffs: Sequence[float]) -> float:
     return float(2 * stats.t.sf(abs(t), len(diffs) - 1))
 
 
-def t_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float | None]:
-    """The mean and the half-width of its Student-t interval (None from a single value)."""
-    mean = fmean(values)
-    if len(values) < 2:
-        return mean, None
-    return mean, float(
-        stats.t.ppf((1 + level) / 2, len(values) - 1) * stdev(values) / len(values) ** 0.5
-    )
-
-
-def pareto_front(points: Sequence[tuple[float, float]]) -> list[bool]:
-    """For each (gain, retention) point: no other point is at least as high in both and higher
-    in one."""
-    return [not any(g >= a and r >= b and (g, r) != (a, b) for g, r in points) for a, b in points]
-
-
 def holm(pvalues: Sequence[float]) -> list[float]:
     """Holm-adjusted p-values, in the order given (monotone, capped at 1)."""
     order = sorted(range(len(pvalues)), key=lambda i: pvalues[i])

@@ -22,6 +22,7 @@ import copy
 import subprocess
 import sys
 from pathlib import Path
+from statistics import fmean
 from typing import Any
 
 import yaml
@@ -130,8 +131,6 @@ Option = tuple[str, dict[str, Any], float]  # the strength's label, its config, 
 
 def sweep_options(plan: dict[str, Any], sweep: dict[str, list[float]], arm: str) -> list[Option]:
     """The arm's swept strengths that have landed, each with its mean tuning gain."""
-    from statistics import fmean
-
     named = [(label, m, f"{arm}@{label}") for label, m in strengths(plan["arms"][arm])]
     return [(label, m, fmean(sweep[key])) for label, m, key in named if key in sweep]
 
@@ -147,8 +146,6 @@ def pick(options: list[Option], target: float, margin: float) -> tuple[Option, b
 
 def choose(plan: dict[str, Any], sweep: dict[str, list[float]]) -> dict[str, Any]:
     """The measured strength of each arm: the plan's rule on the sweep's gains."""
-    from statistics import fmean
-
     margin, target = plan["test"]["gain_margin"], fmean(sweep[plan["control"]])
     chosen = {plan["control"]: plan["arms"][plan["control"]]}
     for arm in plan["arms"]:
@@ -163,8 +160,6 @@ def choose(plan: dict[str, Any], sweep: dict[str, list[float]]) -> dict[str, Any
 
 def sweep_lines(plan: dict[str, Any], sweep: dict[str, list[float]]) -> list[str]:
     """The sweep's table: each strength's tuning gain against seq_ft's, and the one measured."""
-    from statistics import fmean
-
     control, margin = plan["control"], plan["test"]["gain_margin"]
     if control not in sweep:
         return []
@@ -187,8 +182,9 @@ def sweep_lines(plan: dict[str, Any], sweep: dict[str, list[float]]) -> list[str
         done = len(options) == len(strengths(plan["arms"][arm]))
         chosen, within = pick(options, target, margin) if done and options else (None, False)
         for label, _, value in options:
-            mark = "" if chosen is None or label != chosen[0] else "nearest: frontier only"
-            mark = "within the margin" if mark and within else mark
+            mark = ""
+            if chosen is not None and label == chosen[0]:
+                mark = "within the margin" if within else "nearest: frontier only"
             lines.append(f"| {arm} | {label} | {value:.3f} | {value - target:+.3f} | {mark} |")
     return [*lines, ""]
 
@@ -224,29 +220,47 @@ def missing_seeds(cfg: dict[str, Any], runs: set[str]) -> dict[str, list[int]]:
     }
 
 
-def status_lines(plan: dict[str, Any], local: bool = True) -> list[str]:
-    """Per stage: runs landed of those planned, packed (and with ``local``, in the local
-    campaign folder too), and each variant's seeds still to run."""
-    lines = []
+def stage_progress(
+    plan: dict[str, Any], local: bool
+) -> list[tuple[str, str | None, int, dict[str, list[int]]]]:
+    """Per stage: its label, its config's file name (None before it is written), the runs it
+    plans, and each variant's seeds with no landed run, packed or (with ``local``) in the local
+    campaign folder."""
+    stages = []
     for stage, label in (("sweep", "the sweep"), ("a", "order A"), ("b", "order B")):
         path = config_path(plan, stage)
         if not path.is_file():
-            lines.append(f"{label}: no config yet")
+            stages.append((label, None, 0, {}))
             continue
         cfg = yaml.safe_load(path.read_text(encoding="utf-8"))
         records = {**kept(path), **(folder_records(UNPACKED / path.stem) if local else {})}
         missing = missing_seeds(cfg, {run.split("/", 1)[1] for run in records})
-        planned = len(missing) * cfg["bench"]["seeds"]
-        todo = sum(len(seeds) for seeds in missing.values())
-        lines.append(f"{label} ({path.name}): {planned - todo} of {planned} runs landed")
-        lines += [f"  {name}: seeds {seeds} to run" for name, seeds in missing.items() if seeds]
+        stages.append((label, path.name, len(missing) * cfg["bench"]["seeds"], missing))
+    return stages
+
+
+def _landed(label: str, name: str | None, planned: int, missing: dict[str, list[int]]) -> str:
+    if name is None:
+        return f"{label}: no config yet"
+    todo = sum(len(seeds) for seeds in missing.values())
+    return f"{label} ({name}): {planned - todo} of {planned} runs landed"
+
+
+def status_lines(plan: dict[str, Any]) -> list[str]:
+    """What each stage has landed, packed or in the local campaign folder, and the seeds to run."""
+    lines = []
+    for label, name, planned, missing in stage_progress(plan, local=True):
+        lines.append(_landed(label, name, planned, missing))
+        lines += [
+            f"  {variant}: seeds {seeds} to run" for variant, seeds in missing.items() if seeds
+        ]
     return lines
 
 
 def progress_lines(plan: dict[str, Any]) -> list[str]:
     """The page's account of what has landed: the packed runs only, so it renders alike on
     every checkout."""
-    stages = [line for line in status_lines(plan, local=False) if not line.startswith(" ")]
+    stages = [_landed(*stage) for stage in stage_progress(plan, local=False)]
     return ["## Progress", "", *(f"- {line}" for line in stages), ""]
 
 
@@ -283,9 +297,11 @@ def main(argv: list[str] | None = None) -> int:
         cfg = measuring_config(plan, "b", copy.deepcopy(arms))
         write_config(config_path(plan, "b"), cfg, "Order B.")
     else:
-        sections = progress_lines(plan) + frontier_lines(plan, kept(config_path(plan, "a")))
+        orders = {o: kept(config_path(plan, o)) for o in ("a", "b")}
+        sections = progress_lines(plan) + frontier_lines(plan, orders["a"])
         sections += sweep_lines(plan, gains(kept(config_path(plan, "sweep"))))
-        text = render(plan, judged(plan), judged(plan, "second_family"), sections)
+        family, second = (judge_family(plan, orders, w) for w in ("family", "second_family"))
+        text = render(plan, family, second, sections)
         if args.check:
             return 0 if DOC.is_file() and DOC.read_text(encoding="utf-8") == text else 1
         DOC.write_text(text, encoding="utf-8")
