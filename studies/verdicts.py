@@ -269,6 +269,22 @@ def judged(plan: dict[str, Any], which: str = "family") -> list[Judged]:
     return judge_family(plan, orders, which)
 
 
+def order_b_arms(
+    plan: dict[str, Any], both: list[Judged], chosen: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """Order B's arms by the plan's rule: the control and every arm (with its control) whose
+    order-A verdict is "retains more" or "retains less". Refused while any order-A row is
+    still pending or not run, since the rule reads finished verdicts only."""
+    unfinished = [
+        f"{j.arm} vs {j.control}" for j in both if j.verdict_a.startswith(("pending", "not run"))
+    ]
+    if unfinished:
+        raise SystemExit(f"order-b: order A has not finished {', '.join(unfinished)}")
+    judged_a = [j for j in both if j.verdict_a in ("retains more", "retains less")]
+    names = {j.arm for j in judged_a} | {j.control for j in judged_a} | {plan["control"]}
+    return {v["name"]: copy.deepcopy(v["method"]) for v in chosen if v["name"] in names}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -291,10 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "order-b":
         chosen = yaml.safe_load(config_path(plan, "a").read_text())["bench"]["variants"]
         both = judged(plan) + judged(plan, "second_family")
-        judged_a = [j for j in both if j.verdict_a in ("retains more", "retains less")]
-        names = {j.arm for j in judged_a} | {j.control for j in judged_a}
-        arms = {v["name"]: v["method"] for v in chosen if v["name"] in names | {plan["control"]}}
-        cfg = measuring_config(plan, "b", copy.deepcopy(arms))
+        cfg = measuring_config(plan, "b", order_b_arms(plan, both, chosen))
         write_config(config_path(plan, "b"), cfg, "Order B.")
     else:
         orders = {o: kept(config_path(plan, o)) for o in ("a", "b")}

@@ -203,3 +203,18 @@ def test_the_frontier_table_marks_the_arms_no_other_beats_in_both() -> None:
     rows = {line.split("|")[1].strip(): line for line in lines}
     assert rows["seq_ft"].endswith("| yes |") and rows["ewc"].endswith("| yes |")
     assert rows["replay"].endswith("|  |") and "| 5 | 0.900 ± 0.000 |" in rows["replay"]
+
+
+def test_order_b_waits_for_order_a_and_takes_the_arms_it_judged() -> None:
+    """Order B runs the control and the arms order A judged to keep more or less; it refuses
+    while an order-A row is pending, since the rule reads finished verdicts only."""
+    chosen = [{"name": arm, "method": method} for arm, method in PLAN["arms"].items()]
+    arms = {"seq_ft": (0.55, 0.40), "replay": (0.55, 0.70), "kl_sft": (0.55, 0.41)}
+    records = campaign({**{arm: (0.55, 0.45) for arm in PLAN["arms"]}, **arms}, {})
+    both = judge_family(PLAN, {"a": records}) + judge_family(PLAN, {"a": records}, "second_family")
+    picked = verdicts.order_b_arms(PLAN, both, chosen)
+    assert "seq_ft" in picked and "replay" in picked and "kl_sft" not in picked
+    first = {key: run for key, run in records.items() if key.endswith("/s1000")}
+    pending = judge_family(PLAN, {"a": first})
+    with pytest.raises(SystemExit, match="order A has not finished replay vs seq_ft"):
+        verdicts.order_b_arms(PLAN, pending, chosen)
