@@ -268,6 +268,20 @@ RETENTION_WINDOW = (0.1, 0.9)
 """Where seq_ft's primary retention must fall for the scale to tell methods apart."""
 
 
+def paired_by_seed(config: str, arm: str, control: str, key: str) -> list[float]:
+    """A kept campaign's per-seed differences of ``key``, ``arm`` − ``control`` (empty when
+    either variant is not in it)."""
+    _, seeds, runs, _ = _kept_runs(config)
+    return [
+        a - b
+        for s in seeds
+        if (arm, s) in runs
+        and (control, s) in runs
+        and (a := _metric(runs[(arm, s)], key)) is not None
+        and (b := _metric(runs[(control, s)], key)) is not None
+    ]
+
+
 def _paired(runs: dict[tuple[str, int], Any], name: str, seeds: list[int], key: str) -> list[float]:
     """Per-seed differences of ``key`` between variant ``name`` and ``seq_ft``."""
     return [

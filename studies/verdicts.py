@@ -27,7 +27,8 @@ from typing import Any
 
 import yaml
 from runs import CAMPAIGNS, ROOT, UNPACKED, folder_records, pack_path, read_pack
-from verdict_judge import Judged, frontier_lines, gain, judge_family, render
+from verdict_judge import Judged, comparisons, frontier_lines, gain, judge_family, render
+from verdict_then import FIRST, then_and_now_lines
 
 PLAN = ROOT / "studies" / "plans" / "real-verdicts.yaml"
 BASE = ROOT / "studies" / "configs" / "real.yaml"
@@ -64,6 +65,31 @@ def strengths(method: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     values = [min(knob.high, max(knob.low, default * f)) for f in (1.0, 0.25, 4.0)]
     options = [(f"{knob.field}={v:g}", {**method, knob.field: v}) for v in dict.fromkeys(values)]
     return [(label, m) for label, m in options if _valid(m)]
+
+
+def strength_label(method: dict[str, Any]) -> str:
+    """A variant's strength as ``knob=value``, its default filled in (``default`` for a
+    method whose only knob is the learning rate)."""
+    from forgetless.contract import method_class
+
+    cls = method_class(method["name"])
+    if cls.knob is None or cls.knob.learning_rate:
+        return "default"
+    value = getattr(cls.config_cls.model_validate(method), cls.knob.field)
+    return f"{cls.knob.field}={value:g}"
+
+
+def strengths_then_now(plan: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    """Each family arm's strength in the first real-track campaign and in order A."""
+    then, now = (
+        {v["name"]: v["method"] for v in yaml.safe_load(path.read_text())["bench"]["variants"]}
+        for path in (ROOT / "studies" / "configs" / FIRST, config_path(plan, "a"))
+    )
+    arms = {c["arm"] for c in comparisons(plan)} | {c["control"] for c in comparisons(plan)}
+    return {
+        arm: tuple(strength_label(m[arm]) if arm in m else "–" for m in (then, now))  # type: ignore[misc]
+        for arm in arms
+    }
 
 
 def _valid(method: dict[str, Any]) -> bool:
@@ -314,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
         sections = progress_lines(plan) + frontier_lines(plan, orders["a"])
         sections += sweep_lines(plan, gains(kept(config_path(plan, "sweep"))))
         family, second = (judge_family(plan, orders, w) for w in ("family", "second_family"))
+        sections += then_and_now_lines(family, strengths_then_now(plan))
         text = render(plan, family, second, sections)
         if args.check:
             return 0 if DOC.is_file() and DOC.read_text(encoding="utf-8") == text else 1

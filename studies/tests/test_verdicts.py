@@ -7,6 +7,7 @@ import random
 from typing import Any
 
 import pytest
+import verdict_then
 import verdicts
 from verdict_judge import Judged, frontier_lines, judge_family, verdict_line
 from verdict_stats import ProbeRun, bootstrap_interval, general_retention, holm, tost_matched
@@ -218,3 +219,32 @@ def test_order_b_waits_for_order_a_and_takes_the_arms_it_judged() -> None:
     pending = judge_family(PLAN, {"a": first})
     with pytest.raises(SystemExit, match="order A has not finished replay vs seq_ft"):
         verdicts.order_b_arms(PLAN, pending, chosen)
+
+
+def test_then_and_now_counts_the_verdicts_that_moved_and_says_why() -> None:
+    """The first campaign's labels are read from its kept runs (as docs/findings.md prints
+    them); a row counts once final, and a move names the design difference behind it."""
+    assert verdict_then.first_label(Judged("replay", "seq_ft", 1, "x")) == "retains more"
+    assert verdict_then.first_label(Judged("asft", "seq_ft", 1, "x")) is None
+    now = {
+        ("replay", "seq_ft"): ("retains more", 0.001),
+        ("ewc", "seq_ft"): ("frontier", 0.001),
+        ("kl_sft", "seq_ft"): ("no difference shown", 0.5),
+        ("sae_fd", "seq_ft"): ("no difference shown", 0.01),
+        ("sae_fd", "sae_fd-dense"): ("retains less", 0.001),
+    }
+    family = [
+        Judged(arm, control, 1, "x", orders={"a": {"p": p}}, verdict=verdict)
+        for (arm, control), (verdict, p) in now.items()
+    ]
+    lines = verdict_then.then_and_now_lines(
+        family, {"sae_fd": ("a", "b"), "sae_fd-dense": ("c", "d")}
+    )
+    assert lines[-2] == "2 of 5 verdicts changed."
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in lines if line.startswith("| ")}
+    assert "not TOST-matched" in rows["ewc vs seq_ft"]
+    assert "not after Holm" in rows["sae_fd vs seq_ft"]
+    assert "a → b; sae_fd-dense: c → d" in rows["sae_fd vs sae_fd-dense"]
+    assert rows["replay vs seq_ft"].endswith("| retains more |  |")
+    family[0].verdict = "pending (4 of 5 seeds)"
+    assert "waits for every row: 4 of 5" in verdict_then.then_and_now_lines(family, {})[-2]
