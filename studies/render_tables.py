@@ -105,6 +105,7 @@ transformers Trainer."""
 EVAL_SPEED = re.compile(r"(<!-- eval-speed: (\S+) -->\n)(.*?)(<!-- /eval-speed -->)", re.S)
 """``eval_speed.py``'s report (benchmarks/results/FILE): a real-track row, shared head or not."""
 """``remedies_cost.py``'s steps on SmolLM2-135M against ``seq_ft``'s."""
+VERDICTS = re.compile(r"(<!-- verdicts-family: (\S+) -->\n)(.*?)(<!-- /verdicts-family -->)", re.S)
 AGREEMENT = re.compile(r"(<!-- agreement-table: (\S+) -->\n)(.*?)(<!-- /agreement-table -->)", re.S)
 """Rows of studies/results/scale_out_agreement.json under one layout key (``zero2``, ...)."""
 CAMPAIGN_COLUMNS = [
@@ -489,6 +490,15 @@ def render_peers(name: str) -> str:
     return render_table(json.loads(path.read_text(encoding="utf-8")))
 
 
+def render_verdicts(plan: str) -> str:
+    """The declared real-track family's verdicts, as docs/verdicts.md prints them."""
+    from verdicts import PLAN, family_block  # imports this module: only when quoted
+
+    if PLAN.name != plan:
+        raise ValueError(f"verdicts-family: {plan} is not the plan verdicts.py reads")
+    return family_block()
+
+
 def render_eval_speed(name: str) -> str:
     from eval_speed import render_table  # benchmarks/ is on sys.path (circuits_claims)
 
@@ -578,6 +588,7 @@ def rewrite(text: str) -> str:
 
     text = STEP_RATIOS.sub(ratios, METHOD_STEPS.sub(steps, text))
     text = PEERS.sub(lambda m: m.group(1) + render_peers(m.group(2)) + m.group(4), text)
+    text = VERDICTS.sub(lambda m: m.group(1) + render_verdicts(m.group(2)) + m.group(4), text)
     text = EVAL_SPEED.sub(lambda m: m.group(1) + render_eval_speed(m.group(2)) + m.group(4), text)
 
     def plan_checked(match: re.Match[str]) -> str:

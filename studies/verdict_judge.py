@@ -264,16 +264,25 @@ def render(
         "",
         f"Probes left out by the drop rule: {', '.join(dropped) or 'none'}.",
         "",
-        "| comparison | order A (persona last) | order B (persona first) | verdict |",
-        "|---|---|---|---|",
-        *(verdict_line(plan, j) for j in family),
-        "",
-        *_second_table(plan, second),
+        *family_tables(plan, family, second),
         f"Not in the family: {plan['not_in_family']}",
         "",
         *sections,
     ]
     return "\n".join(lines)
+
+
+def family_tables(
+    plan: dict[str, Any], family: list[Judged], second: Sequence[Judged]
+) -> list[str]:
+    """The family's table, then the second family's (the page's head, and claims.md's block)."""
+    return [
+        "| comparison | order A (persona last) | order B (persona first) | verdict |",
+        "|---|---|---|---|",
+        *(verdict_line(plan, j) for j in family),
+        "",
+        *_second_table(plan, second),
+    ]
 
 
 def _second_table(plan: dict[str, Any], second: Sequence[Judged]) -> list[str]:

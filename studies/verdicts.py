@@ -27,7 +27,15 @@ from typing import Any
 
 import yaml
 from runs import CAMPAIGNS, ROOT, UNPACKED, folder_records, pack_path, read_pack
-from verdict_judge import Judged, comparisons, frontier_lines, gain, judge_family, render
+from verdict_judge import (
+    Judged,
+    comparisons,
+    family_tables,
+    frontier_lines,
+    gain,
+    judge_family,
+    render,
+)
 from verdict_then import FIRST, then_and_now_lines
 
 PLAN = ROOT / "studies" / "plans" / "real-verdicts.yaml"
@@ -309,6 +317,13 @@ def order_b_arms(
     judged_a = [j for j in both if j.verdict_a in ("retains more", "retains less")]
     names = {j.arm for j in judged_a} | {j.control for j in judged_a} | {plan["control"]}
     return {v["name"]: copy.deepcopy(v["method"]) for v in chosen if v["name"] in names}
+
+
+def family_block() -> str:
+    """Both families' tables as the page prints them, for docs/claims.md's block."""
+    plan = load_plan()
+    family, second = (judged(plan, w) for w in ("family", "second_family"))
+    return "\n".join(family_tables(plan, family, second))
 
 
 def main(argv: list[str] | None = None) -> int:
