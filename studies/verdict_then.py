@@ -57,9 +57,9 @@ def then_and_now_lines(family: list[Judged], strengths: dict[str, tuple[str, str
     lines = [
         "## Then and now",
         "",
-        "The first real-track campaign (`studies/configs/real.yaml`: 3 seeds, at the strengths in the "
-        "third column, one paired t-interval of the `gk-mc` retention per comparison, no Holm, no "
-        "gain matching) beside the declared campaign's verdict.",
+        "The first real-track campaign (`studies/configs/real.yaml`: 3 seeds, at the strengths "
+        "in the third column, one paired t-interval of the `gk-mc` retention per comparison, no "
+        "Holm, no gain matching) beside the declared campaign's verdict.",
         "",
         "| comparison | first campaign | strength then → now | declared campaign | why it moved |",
         "|---|---|---|---|---|",
