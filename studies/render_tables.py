@@ -26,7 +26,10 @@ A memory table (``<!-- memory-table: DEVICES -->`` … ``<!-- /memory-table -->`
 RESULTS.md does; a step-ratios block (``<!-- step-ratios: FILE -->``) ``remedies_cost.py``'s
 steps on SmolLM2-135M; a memory-plan check
 (``<!-- memory-plan-check: FOLDER -->``) every ``memory_plan_check.py`` report of
-``benchmarks/results/FOLDER/``. ``--check`` exits 1 when a document differs from what its data
+``benchmarks/results/FOLDER/``; a plan-scales block (``<!-- memory-plan-scales: FILE -->``) the
+library's memory plan at the model shapes of ``FILE`` (``memory_plan_scales.py``); a verdicts
+block (``<!-- verdicts-family: real-verdicts.yaml -->``) the declared real-track family's table
+(``verdicts.py``). ``--check`` exits 1 when a document differs from what its data
 renders (a test runs it).
 
     python studies/render_tables.py [--check] [FILES...]
@@ -53,6 +56,7 @@ from geometry_claims import render_geometry, render_geometry_within
 from memory_model import check_table
 from memory_model import table as memory_table
 from memory_plan_check import render_folder
+from memory_plan_scales import render_plan_scales
 from runs import kept_record, pack_path, read_pack
 from verdict_stats import at_ceiling_or_floor, tost_matched
 
@@ -105,6 +109,9 @@ transformers Trainer."""
 EVAL_SPEED = re.compile(r"(<!-- eval-speed: (\S+) -->\n)(.*?)(<!-- /eval-speed -->)", re.S)
 """``eval_speed.py``'s report (benchmarks/results/FILE): a real-track row, shared head or not."""
 """``remedies_cost.py``'s steps on SmolLM2-135M against ``seq_ft``'s."""
+PLAN_SCALES = re.compile(
+    r"(<!-- memory-plan-scales: (\S+) -->\n)(.*?)(<!-- /memory-plan-scales -->)", re.S
+)
 VERDICTS = re.compile(r"(<!-- verdicts-family: (\S+) -->\n)(.*?)(<!-- /verdicts-family -->)", re.S)
 AGREEMENT = re.compile(r"(<!-- agreement-table: (\S+) -->\n)(.*?)(<!-- /agreement-table -->)", re.S)
 """Rows of studies/results/scale_out_agreement.json under one layout key (``zero2``, ...)."""
@@ -589,6 +596,7 @@ def rewrite(text: str) -> str:
     text = STEP_RATIOS.sub(ratios, METHOD_STEPS.sub(steps, text))
     text = PEERS.sub(lambda m: m.group(1) + render_peers(m.group(2)) + m.group(4), text)
     text = VERDICTS.sub(lambda m: m.group(1) + render_verdicts(m.group(2)) + m.group(4), text)
+    text = PLAN_SCALES.sub(lambda m: m.group(1) + render_plan_scales(m.group(2)) + m.group(4), text)
     text = EVAL_SPEED.sub(lambda m: m.group(1) + render_eval_speed(m.group(2)) + m.group(4), text)
 
     def plan_checked(match: re.Match[str]) -> str:

@@ -408,3 +408,20 @@ def test_a_time_ratio_needs_one_cpu_and_the_cores_alone() -> None:
     assert render_tables._time_ratio([run(150.0, cpu="Intel Xeon")], [run(100.0)]) == "–"
     assert render_tables._time_ratio([run(150.0)], [run(100.0, alone=False)]) == "–"
     assert render_tables._time_ratio([run(150.0)], []) == "–"
+
+
+def test_the_plan_at_three_scales_orders_its_settings() -> None:
+    """Per model and method: checkpointing lowers the LoRA peak, a 4-bit base lowers it again,
+    and a method that needs the base's full weights is refused under QLoRA, not planned."""
+    from memory_plan_scales import render_plan_scales
+
+    rows = [
+        [c.strip() for c in line.split("|")[1:-1]]
+        for line in render_plan_scales("memory_plan_scales.yaml").splitlines()[2:]
+    ]
+    assert {r[0] for r in rows} == {"Llama-3.2-1B", "Qwen2.5-7B", "Llama-3.1-70B"}
+    for _, method, lora, ckpt, qlora, _full in rows:
+        assert float(ckpt) < float(lora), method
+        assert qlora == "refused" or float(qlora) < float(ckpt), method
+    refused = {r[1] for r in rows if r[4] == "refused"}
+    assert "`anchored`" in refused and "`seq_ft`" not in refused
