@@ -497,6 +497,11 @@ def render_peers(name: str) -> str:
     return render_table(json.loads(path.read_text(encoding="utf-8")))
 
 
+def rewrite_verdicts(text: str) -> str:
+    """``text`` with its verdicts-family blocks rendered afresh (the other blocks untouched)."""
+    return VERDICTS.sub(lambda m: m.group(1) + render_verdicts(m.group(2)) + m.group(4), text)
+
+
 def render_verdicts(plan: str) -> str:
     """The declared real-track family's verdicts, as docs/verdicts.md prints them."""
     from verdicts import PLAN, family_block  # imports this module: only when quoted
@@ -595,7 +600,7 @@ def rewrite(text: str) -> str:
 
     text = STEP_RATIOS.sub(ratios, METHOD_STEPS.sub(steps, text))
     text = PEERS.sub(lambda m: m.group(1) + render_peers(m.group(2)) + m.group(4), text)
-    text = VERDICTS.sub(lambda m: m.group(1) + render_verdicts(m.group(2)) + m.group(4), text)
+    text = rewrite_verdicts(text)
     text = PLAN_SCALES.sub(lambda m: m.group(1) + render_plan_scales(m.group(2)) + m.group(4), text)
     text = EVAL_SPEED.sub(lambda m: m.group(1) + render_eval_speed(m.group(2)) + m.group(4), text)
 

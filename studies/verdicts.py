@@ -7,7 +7,8 @@
     python studies/verdicts.py run a              # the measuring seeds, order A
     python studies/verdicts.py order-b            # order B's config: seq_ft + arms judged in A
     python studies/verdicts.py run b
-    python studies/verdicts.py render [--check]   # docs/verdicts.md from the kept runs
+    python studies/verdicts.py render [--check]   # docs/verdicts.md (and claims.md's copy of
+                                                  # the family's table) from the kept runs
     python studies/verdicts.py status             # what each stage has landed, seed by seed
 
 Every run lands in runs/campaigns/<config stem>/ (the bench skips what is kept there) and is
@@ -26,6 +27,7 @@ from statistics import fmean
 from typing import Any
 
 import yaml
+from render_tables import rewrite_verdicts
 from runs import CAMPAIGNS, ROOT, UNPACKED, folder_records, pack_path, read_pack
 from verdict_judge import (
     Judged,
@@ -41,6 +43,7 @@ from verdict_then import FIRST, then_and_now_lines
 PLAN = ROOT / "studies" / "plans" / "real-verdicts.yaml"
 BASE = ROOT / "studies" / "configs" / "real.yaml"
 DOC = ROOT / "docs" / "verdicts.md"
+CLAIMS = ROOT / "docs" / "claims.md"  # holds the family's table too
 
 
 def load_plan(path: Path = PLAN) -> dict[str, Any]:
@@ -319,6 +322,11 @@ def order_b_arms(
     return {v["name"]: copy.deepcopy(v["method"]) for v in chosen if v["name"] in names}
 
 
+def claims_page() -> str:
+    """docs/claims.md with its copy of the family's table rendered afresh."""
+    return rewrite_verdicts(CLAIMS.read_text(encoding="utf-8"))
+
+
 def family_block() -> str:
     """Both families' tables as the page prints them, for docs/claims.md's block."""
     plan = load_plan()
@@ -356,10 +364,13 @@ def main(argv: list[str] | None = None) -> int:
         sections += sweep_lines(plan, gains(kept(config_path(plan, "sweep"))))
         family, second = (judge_family(plan, orders, w) for w in ("family", "second_family"))
         sections += then_and_now_lines(family, strengths_then_now(plan))
-        text = render(plan, family, second, sections)
+        pages = {DOC: render(plan, family, second, sections), CLAIMS: claims_page()}
         if args.check:
-            return 0 if DOC.is_file() and DOC.read_text(encoding="utf-8") == text else 1
-        DOC.write_text(text, encoding="utf-8")
+            return (
+                0 if all(p.is_file() and p.read_text("utf-8") == t for p, t in pages.items()) else 1
+            )
+        for path, text in pages.items():
+            path.write_text(text, encoding="utf-8")
     return 0
 
 
