@@ -22,8 +22,9 @@ import argparse
 import copy
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
-from statistics import fmean
+from statistics import fmean, median
 from typing import Any
 
 import yaml
@@ -257,47 +258,78 @@ def missing_seeds(cfg: dict[str, Any], runs: set[str]) -> dict[str, list[int]]:
     }
 
 
-def stage_progress(
-    plan: dict[str, Any], local: bool
-) -> list[tuple[str, str | None, int, dict[str, list[int]]]]:
-    """Per stage: its label, its config's file name (None before it is written), the runs it
-    plans, and each variant's seeds with no landed run, packed or (with ``local``) in the local
-    campaign folder."""
+@dataclass(frozen=True)
+class Stage:
+    """One stage's progress: its label, its config's file name (None before it is written),
+    the runs it plans, each variant's seeds with no landed run, and the landed records."""
+
+    label: str
+    name: str | None
+    planned: int = 0
+    missing: dict[str, list[int]] = field(default_factory=dict)
+    records: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def landed(self) -> str:
+        if self.name is None:
+            return f"{self.label}: no config yet"
+        todo = sum(len(seeds) for seeds in self.missing.values())
+        return f"{self.label} ({self.name}): {self.planned - todo} of {self.planned} runs landed"
+
+
+def stage_progress(plan: dict[str, Any], local: bool) -> list[Stage]:
+    """Each stage's progress, from the packs and (with ``local``) the local campaign folder."""
     stages = []
     for stage, label in (("sweep", "the sweep"), ("a", "order A"), ("b", "order B")):
         path = config_path(plan, stage)
         if not path.is_file():
-            stages.append((label, None, 0, {}))
+            stages.append(Stage(label, None))
             continue
         cfg = yaml.safe_load(path.read_text(encoding="utf-8"))
         records = {**kept(path), **(folder_records(UNPACKED / path.stem) if local else {})}
         missing = missing_seeds(cfg, {run.split("/", 1)[1] for run in records})
-        stages.append((label, path.name, len(missing) * cfg["bench"]["seeds"], missing))
+        planned = len(missing) * cfg["bench"]["seeds"]
+        stages.append(Stage(label, path.name, planned, missing, records))
     return stages
 
 
-def _landed(label: str, name: str | None, planned: int, missing: dict[str, list[int]]) -> str:
-    if name is None:
-        return f"{label}: no config yet"
-    todo = sum(len(seeds) for seeds in missing.values())
-    return f"{label} ({name}): {planned - todo} of {planned} runs landed"
+def run_seconds(record: dict[str, Any]) -> float:
+    """A landed run's training and evaluation time (its start-up not counted)."""
+    evals = record["results"].get("eval_seconds") or []
+    return float(record["summary"].get("train_seconds") or 0.0) + float(sum(evals))
 
 
-def status_lines(plan: dict[str, Any]) -> list[str]:
-    """What each stage has landed, packed or in the local campaign folder, and the seeds to run."""
+def hours_left(stage: Stage, jobs: int) -> float | None:
+    """The runs still to land, each at its arm's median time so far, shared by ``jobs``
+    workers; None while an arm with runs to go has none landed."""
+    times: dict[str, list[float]] = {}
+    for run, record in stage.records.items():
+        times.setdefault(run.split("/")[1], []).append(run_seconds(record))
+    todo = [(arm, len(seeds)) for arm, seeds in stage.missing.items() if seeds]
+    if any(arm not in times for arm, _ in todo):
+        return None
+    return sum(median(times[arm]) * count for arm, count in todo) / jobs / 3600
+
+
+def status_lines(plan: dict[str, Any], jobs: int = 2) -> list[str]:
+    """What each stage has landed, packed or in the local campaign folder, the seeds to run,
+    and by estimate the hours of runs left."""
     lines = []
-    for label, name, planned, missing in stage_progress(plan, local=True):
-        lines.append(_landed(label, name, planned, missing))
-        lines += [
-            f"  {variant}: seeds {seeds} to run" for variant, seeds in missing.items() if seeds
-        ]
+    for stage in stage_progress(plan, local=True):
+        lines.append(stage.landed())
+        lines += [f"  {arm}: seeds {seeds} to run" for arm, seeds in stage.missing.items() if seeds]
+        left = hours_left(stage, jobs) if any(stage.missing.values()) else None
+        if left is not None:
+            lines.append(
+                f"  about {left:.1f} h of runs left on {jobs} workers (each arm's median "
+                "training and evaluation time so far; start-ups not counted)"
+            )
     return lines
 
 
 def progress_lines(plan: dict[str, Any]) -> list[str]:
     """The page's account of what has landed: the packed runs only, so it renders alike on
     every checkout."""
-    stages = [_landed(*stage) for stage in stage_progress(plan, local=False)]
+    stages = [stage.landed() for stage in stage_progress(plan, local=False)]
     return ["## Progress", "", *(f"- {line}" for line in stages), ""]
 
 

@@ -248,3 +248,21 @@ def test_then_and_now_counts_the_verdicts_that_moved_and_says_why() -> None:
     assert rows["replay vs seq_ft"].endswith("| retains more |  |")
     family[0].verdict = "pending (4 of 5 seeds)"
     assert "waits for every row: 4 of 5" in verdict_then.then_and_now_lines(family, {})[-2]
+
+
+def test_status_estimates_the_hours_left_from_each_arms_median() -> None:
+    """Two seeds to go of an arm whose runs took 1 and 3 hours (train + eval) beside one of an
+    arm at 2 hours, on two workers: (2·2 + 2) / 2 = 3 hours; an arm with none landed yet makes
+    the estimate unknown."""
+
+    def run(hours: float) -> dict[str, Any]:
+        return {
+            "summary": {"train_seconds": hours * 3000},
+            "results": {"eval_seconds": [0, hours * 600]},
+        }
+
+    records = {"cpu/a/s1": run(1), "cpu/a/s2": run(3), "cpu/a/s3": run(2), "cpu/b/s1": run(2)}
+    stage = verdicts.Stage("order A", "x.yaml", 8, {"a": [4, 5], "b": [2]}, records)
+    assert verdicts.hours_left(stage, jobs=2) == pytest.approx(3.0)
+    stage = verdicts.Stage("order A", "x.yaml", 8, {"a": [4], "c": [1]}, records)
+    assert verdicts.hours_left(stage, jobs=2) is None
