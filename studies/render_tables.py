@@ -280,25 +280,20 @@ def paired_by_seed(config: str, arm: str, control: str, key: str) -> list[float]
     """A kept campaign's per-seed differences of ``key``, ``arm`` − ``control`` (empty when
     either variant is not in it)."""
     _, seeds, runs, _ = _kept_runs(config)
-    return [
-        a - b
-        for s in seeds
-        if (arm, s) in runs
-        and (control, s) in runs
-        and (a := _metric(runs[(arm, s)], key)) is not None
-        and (b := _metric(runs[(control, s)], key)) is not None
-    ]
+    return _paired(runs, arm, seeds, key, control)
 
 
-def _paired(runs: dict[tuple[str, int], Any], name: str, seeds: list[int], key: str) -> list[float]:
-    """Per-seed differences of ``key`` between variant ``name`` and ``seq_ft``."""
+def _paired(
+    runs: dict[tuple[str, int], Any], name: str, seeds: list[int], key: str, control: str = "seq_ft"
+) -> list[float]:
+    """Per-seed differences of ``key`` between variant ``name`` and ``control``."""
     return [
         a - b
         for s in seeds
         if (name, s) in runs
-        and ("seq_ft", s) in runs
+        and (control, s) in runs
         and (a := _metric(runs[(name, s)], key)) is not None
-        and (b := _metric(runs[("seq_ft", s)], key)) is not None
+        and (b := _metric(runs[(control, s)], key)) is not None
     ]
 
 
@@ -497,9 +492,15 @@ def render_peers(name: str) -> str:
     return render_table(json.loads(path.read_text(encoding="utf-8")))
 
 
-def rewrite_verdicts(text: str) -> str:
-    """``text`` with its verdicts-family blocks rendered afresh (the other blocks untouched)."""
-    return VERDICTS.sub(lambda m: m.group(1) + render_verdicts(m.group(2)) + m.group(4), text)
+def rewrite_verdicts(text: str, block: str | None = None) -> str:
+    """``text`` with its verdicts-family blocks rendered afresh, or set to ``block`` where the
+    caller has judged the family already (the other blocks untouched)."""
+
+    def fill(match: re.Match[str]) -> str:
+        body = block if block is not None else render_verdicts(match.group(2))
+        return match.group(1) + body + match.group(4)
+
+    return VERDICTS.sub(fill, text)
 
 
 def render_verdicts(plan: str) -> str:

@@ -65,8 +65,8 @@ def then_and_now_lines(family: list[Judged], strengths: dict[str, tuple[str, str
         "|---|---|---|---|---|",
     ]
     final, changed = 0, 0
-    for judged in family:
-        first = first_label(judged)
+    firsts = [first_label(judged) for judged in family]  # each reads the first campaign's runs
+    for judged, first in zip(family, firsts, strict=True):
         pending = judged.verdict.startswith(("pending", "not run"))
         reason = "–" if pending or first is None else why(first, judged)
         lines.append(
@@ -75,7 +75,7 @@ def then_and_now_lines(family: list[Judged], strengths: dict[str, tuple[str, str
         )
         if first is not None and not pending:
             final, changed = final + 1, changed + (judged.verdict != first)
-    compared = sum(first_label(j) is not None for j in family)
+    compared = sum(first is not None for first in firsts)
     if final < compared:
         count = f"The count of changed verdicts waits for every row: {final} of {compared} final."
     else:

@@ -354,9 +354,9 @@ def order_b_arms(
     return {v["name"]: copy.deepcopy(v["method"]) for v in chosen if v["name"] in names}
 
 
-def claims_page() -> str:
-    """docs/claims.md with its copy of the family's table rendered afresh."""
-    return rewrite_verdicts(CLAIMS.read_text(encoding="utf-8"))
+def claims_page(block: str) -> str:
+    """docs/claims.md with ``block`` (the family's tables) as its copy of the table."""
+    return rewrite_verdicts(CLAIMS.read_text(encoding="utf-8"), block)
 
 
 def family_block() -> str:
@@ -396,7 +396,10 @@ def main(argv: list[str] | None = None) -> int:
         sections += sweep_lines(plan, gains(kept(config_path(plan, "sweep"))))
         family, second = (judge_family(plan, orders, w) for w in ("family", "second_family"))
         sections += then_and_now_lines(family, strengths_then_now(plan))
-        pages = {DOC: render(plan, family, second, sections), CLAIMS: claims_page()}
+        pages = {
+            DOC: render(plan, family, second, sections),
+            CLAIMS: claims_page("\n".join(family_tables(plan, family, second))),
+        }
         if args.check:
             return (
                 0 if all(p.is_file() and p.read_text("utf-8") == t for p, t in pages.items()) else 1
