@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -47,6 +49,45 @@ def test_conversion_is_cached(tiny_gguf: tuple[Path, torch.nn.Module]) -> None:
     messages: list[str] = []
     assert resolve_source(str(path), messages.append) == first
     assert marker.stat().st_mtime_ns == stamp and not messages
+
+
+def test_runs_starting_together_convert_once(
+    tiny_gguf: tuple[Path, torch.nn.Module], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path, _ = tiny_gguf
+    real, inside, most = gguf_models.convert_gguf, [0], [0]
+
+    def slow_convert(*args: object) -> dict[str, object]:
+        inside[0] += 1
+        most[0] = max(most[0], inside[0])
+        time.sleep(0.3)  # long enough for the other run to arrive while this one converts
+        try:
+            return real(*args)  # type: ignore[arg-type]
+        finally:
+            inside[0] -= 1
+
+    monkeypatch.setattr(gguf_models, "convert_gguf", slow_convert)
+    folders: list[str] = []
+    runs = [
+        threading.Thread(target=lambda: folders.append(resolve_source(str(path)))) for _ in range(2)
+    ]
+    for run in runs:
+        run.start()
+    for run in runs:
+        run.join()
+    assert most[0] == 1 and len(folders) == 2 and folders[0] == folders[1]
+    assert gguf_models.is_whole(Path(folders[0]))
+
+
+def test_an_incomplete_conversion_is_converted_again(
+    tiny_gguf: tuple[Path, torch.nn.Module],
+) -> None:
+    path, _ = tiny_gguf
+    folder = Path(resolve_source(str(path)))
+    (folder / "model.safetensors").unlink()
+    messages: list[str] = []
+    assert resolve_source(str(path), messages.append) == str(folder)
+    assert (folder / "model.safetensors").is_file() and len(messages) == 1
 
 
 def test_missing_gguf_file_is_one_line(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from filelock import FileLock
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
@@ -26,6 +27,7 @@ from forgetless.errors import ModelLoadError
 
 CONVERSION_FILE = "conversion.json"
 CONVERSION_VERSION = 1
+WHOLE_FILES = (CONVERSION_FILE, "config.json", "model.safetensors")
 
 
 @dataclass(frozen=True)
@@ -136,8 +138,16 @@ def converted_model_dir(name_or_path: str, announce: Any = None) -> Path | None:
         folder = cache_root() / "models" / f"gguf-{file_sha256(gguf)[:12]}"
     else:
         return None
-    if not (folder / CONVERSION_FILE).is_file():
-        if announce is not None:
-            announce(f"Converting {gguf.name} to safetensors once (cached in {folder})")
-        convert_gguf(gguf, folder, entry.name if entry else gguf.stem)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    # Two runs starting at once (``--jobs 2``) would otherwise convert into the same swap folder.
+    with FileLock(str(folder) + ".lock"):
+        if not is_whole(folder):
+            if announce is not None:
+                announce(f"Converting {gguf.name} to safetensors once (cached in {folder})")
+            convert_gguf(gguf, folder, entry.name if entry else gguf.stem)
     return folder
+
+
+def is_whole(folder: Path) -> bool:
+    """Whether ``folder`` holds a finished conversion (an incomplete one is converted again)."""
+    return all((folder / name).is_file() for name in WHOLE_FILES)
