@@ -6,6 +6,8 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +37,7 @@ from forgetless.sae import (
 from forgetless.sae.activations import (
     MLPTap,
     collect_mlp_outputs,
+    ensure_sae,
     last_mlp,
     later_tokens,
     sae_key,
@@ -269,3 +272,31 @@ def test_sae_train_and_eval_commands(
     _invoke(monkeypatch, "sae", "eval", str(out), str(config), "--n-per-task", "4", "--quiet")
     shown = capsys.readouterr().out
     assert "reverse" in shown and "copy" in shown, "the config's tasks and probe by default"
+
+
+def test_runs_filling_one_sae_cache_at_once_train_it_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fits: list[int] = []
+
+    def slow_fit(*args: object) -> tuple[GatedSAE, dict[str, Any]]:
+        fits.append(1)
+        time.sleep(0.3)  # long enough for the other run to look at the folder meanwhile
+        return _random_sae(), {"note": "stand-in for a trained SAE"}
+
+    monkeypatch.setattr(sae_activations, "fit_sae", slow_fit)
+    folder, cpu = tmp_path / "cache" / "sae" / "key", torch.device("cpu")
+    got: list[Any] = []
+
+    def fill() -> None:
+        got.append(
+            ensure_sae(folder, lambda: torch.nn.Linear(1, 1), None, SAETrainConfig(), 8, cpu)
+        )
+
+    runs = [threading.Thread(target=fill) for _ in range(2)]
+    for run in runs:
+        run.start()
+    for run in runs:
+        run.join()
+    assert len(fits) == 1 and sorted(g.trained for g in got) == [False, True]
+    torch.testing.assert_close(got[0].sae.W_dec, got[1].sae.W_dec)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from filelock import FileLock
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
@@ -146,6 +147,19 @@ def remove_stale_temps(folder: Path) -> list[Path]:
 
 def atomic_write_json(path: Path, data: Any) -> None:
     atomic_write_text(path, json.dumps(data, indent=2, allow_nan=True) + "\n")
+
+
+@contextmanager
+def cache_fill_lock(folder: Path) -> Iterator[None]:
+    """Hold the lock beside a cache folder while checking and filling it.
+
+    Every writer of one folder swaps through the same ``.new`` name, so two runs filling a cache
+    at once (``bench --jobs 2`` on a fresh cache) would write into each other's copy; the second
+    waits here and then finds the folder filled.
+    """
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(f"{folder}.lock"):
+        yield
 
 
 @contextmanager

@@ -17,12 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from filelock import FileLock
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
 from forgetless.core.paths import cache_root
-from forgetless.core.storage import atomic_dir, atomic_write_json
+from forgetless.core.storage import atomic_dir, atomic_write_json, cache_fill_lock
 from forgetless.errors import ModelLoadError
 
 CONVERSION_FILE = "conversion.json"
@@ -138,9 +137,7 @@ def converted_model_dir(name_or_path: str, announce: Any = None) -> Path | None:
         folder = cache_root() / "models" / f"gguf-{file_sha256(gguf)[:12]}"
     else:
         return None
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    # Two runs starting at once (``--jobs 2``) would otherwise convert into the same swap folder.
-    with FileLock(str(folder) + ".lock"):
+    with cache_fill_lock(folder):
         if not is_whole(folder):
             if announce is not None:
                 announce(f"Converting {gguf.name} to safetensors once (cached in {folder})")

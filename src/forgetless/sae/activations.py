@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
-from forgetless.core.storage import atomic_dir
+from forgetless.core.storage import atomic_dir, cache_fill_lock
 from forgetless.errors import ConfigError
 from forgetless.sae.gated import WEIGHTS_FILE, GatedSAE, load_sae, read_sae_record, save_sae
 from forgetless.sae.train import SAETrainConfig, sae_metrics, train_sae
@@ -264,13 +264,13 @@ def ensure_sae(
     extra: dict[str, Any] | None = None,
 ) -> TrainedSAE:
     """The SAE saved in ``folder``, or one trained now on ``load_base()`` and saved there."""
-    if (folder / WEIGHTS_FILE).is_file():
-        return TrainedSAE(load_sae(folder, device), folder, False, read_sae_record(folder))
-    base = load_base().to(device)  # type: ignore[arg-type]
-    sae, record = fit_sae(base, tokenizer, cfg, max_length, device)
-    del base
-    record.update(extra or {})
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_dir(folder) as tmp:
-        save_sae(sae, tmp, record)
+    with cache_fill_lock(folder):
+        if (folder / WEIGHTS_FILE).is_file():
+            return TrainedSAE(load_sae(folder, device), folder, False, read_sae_record(folder))
+        base = load_base().to(device)  # type: ignore[arg-type]
+        sae, record = fit_sae(base, tokenizer, cfg, max_length, device)
+        del base
+        record.update(extra or {})
+        with atomic_dir(folder) as tmp:
+            save_sae(sae, tmp, record)
     return TrainedSAE(sae, folder, True, read_sae_record(folder))
