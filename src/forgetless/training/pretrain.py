@@ -16,7 +16,7 @@ from forgetless.contract.method import RunInfo, TaskContext, create_method
 from forgetless.contract.plan import TrainPlan
 from forgetless.core.ownership import check_output_folder, replace_output
 from forgetless.core.paths import cache_root
-from forgetless.core.storage import atomic_write_json
+from forgetless.core.storage import atomic_write_json, cache_fill_lock
 from forgetless.engine.progress import Progress
 from forgetless.engine.session import TaskSession
 from forgetless.eval.generation import evaluate_task
@@ -63,10 +63,10 @@ def ensure_base_model(cfg: ModelConfig, console: Console, progress: bool = True)
     if shipped is not None:
         return shipped
     folder = cached_base_dir(cfg)
-    if (folder / "pretrain.json").is_file():
-        return folder
-    console.print(f"[bold]Pretraining the tiny base model[/] (cached in {folder})")
-    pretrain_base(cfg, folder, console, progress)
+    with cache_fill_lock(folder):
+        if not (folder / "pretrain.json").is_file():
+            console.print(f"[bold]Pretraining the tiny base model[/] (cached in {folder})")
+            pretrain_base(cfg, folder, console, progress)
     return folder
 
 
