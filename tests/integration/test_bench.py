@@ -233,6 +233,9 @@ def test_jobs_give_the_sequential_table(tiny_model_dir: Path, tmp_path: Path) ->
     assert strip(two["runs"]) == strip(one["runs"])
     assert [r["seed"] for r in two["runs"]] == [0, 1]
     assert len(list(kept.glob("cpu/*/s*.json"))) == 2  # kept by the parent as each finished
+    for seed in (0, 1):  # each run's own output, progress included, in a log one can follow
+        log = (tmp_path / "two" / "worker-logs" / f"seq_ft-s{seed}.log").read_text("utf-8")
+        assert "task 1/1" in log.lower() and "step" in log
 
 
 def test_jobs_are_refused_under_a_distributed_launch(

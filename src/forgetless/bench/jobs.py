@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import sys
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from pathlib import Path
@@ -23,6 +24,9 @@ Job = tuple[int, dict[str, Any], Path]
 
 LAUNCHER_VARIABLES = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 """Set by torchrun / accelerate launch: a worker must not join the launcher's process group."""
+
+WORKER_LOGS = "worker-logs"
+"""The bench folder's sub-folder where each worker's run writes what a run prints."""
 
 _worker_slot = 0
 
@@ -78,8 +82,17 @@ def _start_worker(counter: Any) -> None:
         os.environ.pop(name, None)
 
 
-def run_job(config: dict[str, Any], folder: str, threads: int) -> dict[str, Any]:
-    """One run in a worker process: its results as JSON data."""
+def worker_log(folder: Path) -> Path:
+    """Where the run in ``folder`` (``BENCH/variant/sN``) writes its output and progress lines."""
+    return folder.parent.parent / WORKER_LOGS / f"{folder.parent.name}-{folder.name}.log"
+
+
+def run_job(
+    config: dict[str, Any], folder: str, threads: int, quiet: bool = False
+) -> dict[str, Any]:
+    """One run in a worker process: its results as JSON data. What it prints, progress lines
+    included, goes to its ``worker_log`` (appended to on a resume); the bench's own output gets
+    one line naming that log, so a long parallel bench can be followed run by run."""
     import torch
     from rich.console import Console
 
@@ -90,7 +103,13 @@ def run_job(config: dict[str, Any], folder: str, threads: int) -> dict[str, Any]
     if torch.cuda.is_available():
         torch.cuda.set_device(_worker_slot % torch.cuda.device_count())
     cfg = validate_config(config, f"bench run {folder}")
-    return Runner(cfg, Path(folder), Console(quiet=True), progress=False).run().to_json()
+    log = worker_log(Path(folder))
+    log.parent.mkdir(parents=True, exist_ok=True)
+    if not quiet:
+        print(f"started {log.stem} (its output and progress: {log})", file=sys.stdout, flush=True)
+    with log.open("a", encoding="utf-8", buffering=1) as handle:
+        console = Console(file=handle, force_terminal=False, no_color=True, width=110)
+        return Runner(cfg, Path(folder), console).run().to_json()
 
 
 def run_parallel(
@@ -98,6 +117,7 @@ def run_parallel(
     workers: int,
     threads: int,
     on_done: Callable[[int, dict[str, Any]], None],
+    quiet: bool = False,
 ) -> None:
     """Run ``jobs`` on ``workers`` spawned processes (no state shared with the parent) and call
     ``on_done(position, results)`` in the parent as each finishes. A failing run cancels the
@@ -106,7 +126,7 @@ def run_parallel(
     counter = context.Value("i", 0)
     with ProcessPoolExecutor(workers, context, _start_worker, (counter,)) as pool:
         pending: dict[Future[dict[str, Any]], int] = {
-            pool.submit(run_job, config, str(folder), threads): position
+            pool.submit(run_job, config, str(folder), threads, quiet): position
             for position, config, folder in jobs
         }
         try:

@@ -230,7 +230,7 @@ def run_bench(
             else:
                 per_job = threads_per_job(jobs, threads)
                 console.print(f"{len(todo)} runs on {jobs} workers, {per_job} thread(s) each")
-                run_parallel(todo, jobs, per_job, announce)
+                run_parallel(todo, jobs, per_job, announce, console.quiet)
         runs = [summaries[i] for i in range(len(planned))]
         bench = {
             "schema_version": 1,
