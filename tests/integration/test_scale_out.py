@@ -19,6 +19,7 @@ from cli_runs import (
     write_config,
 )
 from conftest import tiny_run_config
+from gguf_fixture import write_tiny_gguf
 from safetensors.torch import load_file
 
 from forgetless.testing import smoke_method
@@ -278,3 +279,19 @@ def test_lora_per_task_runs_sharded_and_resumes(tiny_model_dir: Path, tmp_path: 
     adapters = {f"adapters/task_{i}/adapter_model.safetensors" for i in (1, 2)}
     assert adapters <= set(state_one)
     assert results(tmp_path / "one")["per_task"][1]["loss_terms"]["orthogonality"] > 0
+
+
+@SLOW
+def test_two_processes_first_loading_a_gguf_model_convert_it_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a fresh cache the main process converts the file and the other reads its folder; a
+    process that converted into its own scratch copy first would load a folder not yet there."""
+    monkeypatch.setenv("FORGETLESS_CACHE", str(tmp_path / "cache"))
+    write_tiny_gguf(tmp_path / "tiny.gguf")
+    raw = tiny_run_config(
+        tmp_path / "tiny.gguf", train={"steps": 2, "batch_size": 4, "max_length": 64}
+    )
+    two_processes(write_config(tmp_path, raw), tmp_path / "two")
+    assert {t["parallel"] for t in results(tmp_path / "two")["per_task"]} == {"ddp"}
+    assert len(list((tmp_path / "cache" / "models").glob("gguf-*/model.safetensors"))) == 1

@@ -150,7 +150,9 @@ class Runner:
             built = distributed.main_first(
                 lambda: ensure_base_model(cfg.model, self.console, self.progress)
             )
-        source = resolve_source(str(built or cfg.model.name_or_path or ""), self.console.print)
+        name = str(built or cfg.model.name_or_path or "")
+        # A GGUF model is converted on first use: by the main process, the others then read it.
+        source = distributed.main_first(lambda: resolve_source(name, self.console.print))
         model, tokenizer = load_model_and_tokenizer(cfg.model, source)
         model.to(self.device)  # type: ignore[arg-type]
         return model, tokenizer, source
