@@ -285,7 +285,8 @@ def test_runs_filling_one_sae_cache_at_once_train_it_once(
         return _random_sae(), {"note": "stand-in for a trained SAE"}
 
     monkeypatch.setattr(sae_activations, "fit_sae", slow_fit)
-    folder, cpu = tmp_path / "cache" / "sae" / "key", torch.device("cpu")
+    monkeypatch.setenv("FORGETLESS_CACHE", str(tmp_path / "cache"))
+    folder, cpu = tmp_path / "run" / "sae", torch.device("cpu")  # as with sae_cache: run
     got: list[Any] = []
 
     def fill() -> None:
@@ -300,3 +301,4 @@ def test_runs_filling_one_sae_cache_at_once_train_it_once(
         run.join()
     assert len(fits) == 1 and sorted(g.trained for g in got) == [False, True]
     torch.testing.assert_close(got[0].sae.W_dec, got[1].sae.W_dec)
+    assert [p.name for p in folder.parent.iterdir()] == ["sae"]  # the lock is in the cache

@@ -7,6 +7,7 @@ after a killed write never deletes a file a user put in the output folder.
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import re
@@ -24,6 +25,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from forgetless.core.distributed import is_main_process
+from forgetless.core.paths import cache_root
 from forgetless.core.rundir import RunDir
 from forgetless.errors import CheckpointError, EnvironmentFault, ForgetlessError
 
@@ -151,14 +153,18 @@ def atomic_write_json(path: Path, data: Any) -> None:
 
 @contextmanager
 def cache_fill_lock(folder: Path) -> Iterator[None]:
-    """Hold the lock beside a cache folder while checking and filling it.
+    """Hold ``folder``'s lock while checking and filling it.
 
     Every writer of one folder swaps through the same ``.new`` name, so two runs filling a cache
     at once (``bench --jobs 2`` on a fresh cache) would write into each other's copy; the second
-    waits here and then finds the folder filled.
+    waits here and then finds the folder filled. The lock file lives in the cache's ``locks/``,
+    so no file is left beside the folder (which may be in a run's output).
     """
+    key = hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:16]
+    locks = cache_root() / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
     folder.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(f"{folder}.lock"):
+    with FileLock(str(locks / f"{key}.lock")):
         yield
 
 
