@@ -132,6 +132,7 @@ def train(
     train it again.
     """
     from forgetless.core.ownership import check_output_folder, replace_output
+    from forgetless.core.storage import cache_fill_lock
     from forgetless.engine.progress import Progress
     from forgetless.sae.activations import fit_sae, model_fingerprint, shared_sae_dir
     from forgetless.sae.gated import save_sae
@@ -162,7 +163,7 @@ def train(
         sae, record = fit_sae(model, tokenizer, settings, max_length, device, on_step=advance)
     record["model"] = source
     folder.parent.mkdir(parents=True, exist_ok=True)
-    with replace_output(folder, "sae") as tmp:
+    with cache_fill_lock(folder), replace_output(folder, "sae") as tmp:
         save_sae(sae, tmp, record)
     console.print(
         f"gated SAE d={sae.d_in} → D={sae.d_sae} on {record['train_tokens']} tokens "
