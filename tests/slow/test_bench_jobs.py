@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -15,11 +16,14 @@ from forgetless.bench.variants import ClusterSection, parse_variant
 from forgetless.errors import ModelLoadError
 
 
-def test_jobs_stop_on_a_failing_run(tmp_path: Path) -> None:
+def test_jobs_stop_on_a_failing_run(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     base = tiny_run_config(tmp_path / "no-such-model", tasks=["reverse"])
     variants = [parse_variant("seq_ft")]
     with pytest.raises(ModelLoadError, match="no-such-model"):
         sweep.run_bench(base, variants, 2, 1, tmp_path / "x", Console(quiet=True), False, jobs=2)
+    named = re.search(r"failed; its log: (\S+)", capfd.readouterr().err)  # whichever ended first
+    assert named and Path(named[1]).parent == tmp_path / "x" / "worker-logs"
+    assert "ModelLoadError" in Path(named[1]).read_text(encoding="utf-8")  # with its traceback
 
 
 def test_cluster_jobs_give_the_sequential_table(tiny_model_dir: Path, tmp_path: Path) -> None:

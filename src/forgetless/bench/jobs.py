@@ -12,6 +12,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import sys
+import traceback
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from pathlib import Path
@@ -109,7 +110,11 @@ def run_job(
         print(f"started {log.stem} (its output and progress: {log})", file=sys.stdout, flush=True)
     with log.open("a", encoding="utf-8", buffering=1) as handle:
         console = Console(file=handle, force_terminal=False, no_color=True, width=110)
-        return Runner(cfg, Path(folder), console).run().to_json()
+        try:
+            return Runner(cfg, Path(folder), console).run().to_json()
+        except BaseException:
+            handle.write(traceback.format_exc())  # the bench shows one line; the log, the rest
+            raise
 
 
 def run_parallel(
@@ -125,14 +130,24 @@ def run_parallel(
     context = multiprocessing.get_context("spawn")
     counter = context.Value("i", 0)
     with ProcessPoolExecutor(workers, context, _start_worker, (counter,)) as pool:
-        pending: dict[Future[dict[str, Any]], int] = {
-            pool.submit(run_job, config, str(folder), threads, quiet): position
+        pending: dict[Future[dict[str, Any]], tuple[int, Path]] = {
+            pool.submit(run_job, config, str(folder), threads, quiet): (position, folder)
             for position, config, folder in jobs
         }
         try:
             for future in as_completed(pending):
-                on_done(pending[future], future.result())
+                position, folder = pending[future]
+                on_done(position, _result(future, folder))
         except BaseException:
             for future in pending:
                 future.cancel()
             raise
+
+
+def _result(future: Future[dict[str, Any]], folder: Path) -> dict[str, Any]:
+    """A finished run's results; a failed run's error, after a line naming its log."""
+    try:
+        return future.result()
+    except Exception:
+        print(f"bench run {folder} failed; its log: {worker_log(folder)}", file=sys.stderr)
+        raise
