@@ -107,7 +107,7 @@ def run_job(
     log = worker_log(Path(folder))
     log.parent.mkdir(parents=True, exist_ok=True)
     if not quiet:
-        print(f"started {log.stem} (its output and progress: {log})", file=sys.stdout, flush=True)
+        print(f"started {log.stem} (its output and progress: {log})", flush=True)
     with log.open("a", encoding="utf-8", buffering=1) as handle:
         console = Console(file=handle, force_terminal=False, no_color=True, width=110)
         try:

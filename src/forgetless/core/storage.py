@@ -163,7 +163,6 @@ def cache_fill_lock(folder: Path) -> Iterator[None]:
     key = hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:16]
     locks = cache_root() / "locks"
     locks.mkdir(parents=True, exist_ok=True)
-    folder.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(locks / f"{key}.lock")):
         yield
 

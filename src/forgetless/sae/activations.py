@@ -271,6 +271,7 @@ def ensure_sae(
         sae, record = fit_sae(base, tokenizer, cfg, max_length, device)
         del base
         record.update(extra or {})
+        folder.parent.mkdir(parents=True, exist_ok=True)
         with atomic_dir(folder) as tmp:
             save_sae(sae, tmp, record)
     return TrainedSAE(sae, folder, True, read_sae_record(folder))
