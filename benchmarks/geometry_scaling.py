@@ -77,10 +77,10 @@ def _operation(case: dict[str, Any], iterations: int) -> Any:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        from forgetless.experimental.gcwm import GCWMOptions, gcwm_layer, gcwm_layer_dense
+        from forgetless.experimental.gcwm import GCWMParams, gcwm_layer, gcwm_layer_dense
 
     inputs = _inputs(case)
-    opts = GCWMOptions(max_iter=iterations, tol=0.0)
+    opts = GCWMParams(max_iter=iterations, tol=0.0)
     weights = [1.0] * len(inputs)
     if case["op"] == "bw" and case["path"] == "lowrank":
         a, b = inputs[0], inputs[1]

@@ -9,7 +9,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-STRICT_CONFIG = ConfigDict(extra="forbid", protected_namespaces=(), allow_inf_nan=False)
+STRICT_CONFIG = ConfigDict(
+    extra="forbid", protected_namespaces=(), allow_inf_nan=False, use_attribute_docstrings=True
+)
 
 
 def _leaf_types(annotation: Any) -> set[Any]:
@@ -25,6 +27,13 @@ def is_number_field(annotation: Any) -> bool:
     """An int or float field that does not also take a boolean."""
     leaves = _leaf_types(annotation)
     return bool(leaves & {int, float}) and bool not in leaves
+
+
+class DocumentedModel(BaseModel):
+    """A model whose fields are described by the docstring under each (the base of config
+    mixins; ``StrictModel`` reads them too)."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
 
 
 class StrictModel(BaseModel):

@@ -37,7 +37,6 @@ class ShrinkConfig(MethodConfig):
 
 
 @declare_method(
-    "shrink",
     ShrinkConfig,
     capabilities={Capability.LOSS_TERMS},
     paper=Paper("A Paper Made Up for a Test", "Nobody et al.", 2026),

@@ -22,6 +22,7 @@ from forgetless.contract import Capability, Method, MethodConfig, Paper, declare
 from forgetless.contract.method import method_class
 from forgetless.core import registry
 from forgetless.methods import BUILTIN
+from forgetless.methods.papers import _bibliography, cite
 
 SRC = Path(forgetless.__file__).parent
 PYPROJECT = SRC.parents[1] / "pyproject.toml"
@@ -32,8 +33,10 @@ def test_the_builtin_table_lists_every_method_file() -> None:
     for path in (SRC / "methods").glob("*.py"):
         text = path.read_text(encoding="utf-8")
         assert "@register_method" not in text, f"{path.name}: declare it with @declare_method"
-        for name in re.findall(r'@declare_method\(\s*"(\w+)"', text):
-            declared[name] = f"forgetless.methods.{path.stem}"
+        for config in re.findall(r"@declare_method\(\s*(\w+)", text):
+            name = re.search(rf'class {config}\(.*\n\s*name: Literal\["(\w+)"\]', text)
+            assert name, f"{path.name}: {config} names no method"
+            declared[name.group(1)] = f"forgetless.methods.{path.stem}"
     assert declared == BUILTIN
 
 
@@ -53,7 +56,7 @@ def test_declare_method_says_it_all_in_one_place(monkeypatch: pytest.MonkeyPatch
 
     paper = Paper("A Title", "Someone et al.", 2024, "arXiv:0000.00000")
 
-    @declare_method("home_probe", HomeConfig, capabilities={Capability.TASK_START}, paper=paper)
+    @declare_method(HomeConfig, capabilities={Capability.TASK_START}, paper=paper)
     class Home(Method[HomeConfig]):
         """Does nothing at each task's start."""
 
@@ -66,11 +69,11 @@ def test_declare_method_says_it_all_in_one_place(monkeypatch: pytest.MonkeyPatch
     assert str(paper) == 'Someone et al. 2024, "A Title", arXiv:0000.00000'
     assert str(Paper("Untitled")) == '"Untitled"'
     with pytest.raises(TypeError, match="lacks loss_terms"):
-        declare_method("home_probe", HomeConfig, capabilities={Capability.LOSS_TERMS})(
+        declare_method(HomeConfig, capabilities={Capability.LOSS_TERMS})(
             type("Bare", (Method,), {})
         )
-    with pytest.raises(TypeError, match="Literal"):
-        declare_method("other_probe", HomeConfig)(type("Other", (Method,), {}))
+    with pytest.raises(TypeError, match=r"LooseConfig.name must be Literal"):
+        declare_method(type("LooseConfig", (MethodConfig,), {}))
 
 
 def test_an_unknown_name_lists_the_known_ones_without_importing_them() -> None:
@@ -83,9 +86,11 @@ import sys, warnings
 warnings.simplefilter("error")
 from forgetless.config.loading import validate_config
 from forgetless.core import registry
+from forgetless.methods import BUILTIN
 validate_config({"tasks": ["reverse"], "method": {"name": "ewc", "lam": 10.0}})
 registry.known_names()
-loaded = sorted(m for m in sys.modules if m.startswith(("forgetless.methods.", "forgetless.exp")))
+method_modules = set(BUILTIN.values())
+loaded = sorted(m for m in sys.modules if m in method_modules or m.startswith("forgetless.exp"))
 print(loaded)
 """
 
@@ -133,3 +138,13 @@ def test_the_installed_entry_points_are_pyprojects() -> None:
     wanted = {g: dict(points) for g, points in declared.items() if g.startswith("forgetless.")}
     assert installed == wanted, "stale install: run `pip install -e .` again"
     assert all(name not in BUILTIN for name in wanted.get("forgetless.methods", {}))
+
+
+def test_the_bibliography_holds_exactly_the_papers_the_builtins_cite() -> None:
+    cited = {method_class(name).paper for name in BUILTIN} - {None}
+    assert cited == set(_bibliography().values())
+
+
+def test_citing_an_unknown_paper_names_the_bibliography() -> None:
+    with pytest.raises(KeyError, match=r"papers.toml: no paper 'nobody2020'; known: .*kirkpatrick"):
+        cite("nobody2020")

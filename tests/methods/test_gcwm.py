@@ -12,7 +12,7 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     from forgetless.experimental import ExperimentalWarning
     from forgetless.experimental.gcwm import (
-        GCWMOptions,
+        GCWMParams,
         bw_barycenter,
         consensus,
         gate_value,
@@ -65,10 +65,10 @@ def test_barycenter_solves_the_fixed_point_equation() -> None:
 
 
 OPTIONS = {
-    "barycenter": GCWMOptions(max_iter=500, tol=1e-13),
-    "mean": GCWMOptions(metric="mean"),
-    "no_cancellation": GCWMOptions(conflict_cancellation=False, max_iter=500, tol=1e-13),
-    "amplify_sigmoid_tn": GCWMOptions(
+    "barycenter": GCWMParams(max_iter=500, tol=1e-13),
+    "mean": GCWMParams(metric="mean"),
+    "no_cancellation": GCWMParams(conflict_cancellation=False, max_iter=500, tol=1e-13),
+    "amplify_sigmoid_tn": GCWMParams(
         gate_direction="amplify",
         gate_shape="sigmoid",
         conflict_trace_normalized=True,
@@ -92,35 +92,35 @@ def test_low_rank_gcwm_matches_the_dense_reference(case: str) -> None:
 
 def test_one_task_merges_to_itself() -> None:
     (update,) = _updates(8, 12, 3, 1)
-    opts = GCWMOptions(conflict_cancellation=False, consensus_ridge=0.0)
+    opts = GCWMParams(conflict_cancellation=False, consensus_ridge=0.0)
     layer = gcwm_layer([update], [1.0], opts)
     assert layer.conflict == pytest.approx(0.0, abs=1e-9)
     assert float(layer.correction.dense().abs().max()) < 1e-9
 
 
 def test_weight_zero_gives_no_correction() -> None:
-    layer = gcwm_layer(_updates(8, 12, 3, 2), [0.0, 0.0], GCWMOptions())
+    layer = gcwm_layer(_updates(8, 12, 3, 2), [0.0, 0.0], GCWMParams())
     assert float(layer.correction.dense().abs().max()) == 0.0
 
 
 def test_conflict_is_zero_for_equal_geometries_and_positive_otherwise() -> None:
     (update,) = _updates(8, 12, 3, 1)
-    same = gcwm_layer([update, update], [1.0, 1.0], GCWMOptions())
+    same = gcwm_layer([update, update], [1.0, 1.0], GCWMParams())
     assert same.conflict == pytest.approx(0.0, abs=1e-8)
     assert same.gate == pytest.approx(1.0, abs=1e-8)  # hold_back, linear: nothing held back
-    apart = gcwm_layer(_updates(8, 12, 3, 2), [1.0, 1.0], GCWMOptions())
+    apart = gcwm_layer(_updates(8, 12, 3, 2), [1.0, 1.0], GCWMParams())
     assert 0.05 < apart.conflict <= 1.0 and apart.gate == pytest.approx(1 - apart.conflict)
 
 
 def test_gate_direction_shape_and_ablation() -> None:
-    hold, amp = GCWMOptions(), GCWMOptions(gate_direction="amplify")
+    hold, amp = GCWMParams(), GCWMParams(gate_direction="amplify")
     assert gate_value(0.1, hold) > gate_value(0.8, hold)  # the paper: conflict holds back
     assert gate_value(0.1, amp) < gate_value(0.8, amp)  # the public code: the other way
-    step = GCWMOptions(gate_shape="step", threshold=0.3, strength=0.5)
+    step = GCWMParams(gate_shape="step", threshold=0.3, strength=0.5)
     assert (gate_value(0.2, step), gate_value(0.4, step)) == (0.5, 0.0)
-    sig = GCWMOptions(gate_shape="sigmoid", threshold=0.3)
+    sig = GCWMParams(gate_shape="sigmoid", threshold=0.3)
     assert gate_value(0.3, sig) == pytest.approx(0.5)
-    flat = GCWMOptions(conflict_cancellation=False, strength=0.7)
+    flat = GCWMParams(conflict_cancellation=False, strength=0.7)
     assert gate_value(0.0, flat) == gate_value(1.0, flat) == 0.7
 
 
@@ -142,7 +142,7 @@ def test_consensus_is_the_least_squares_minimizer() -> None:
 def test_wide_layers_never_form_a_d_by_d_matrix() -> None:
     # d = 60k: a float64 d × d matrix would need ~29 GB; the factored path needs a few MB.
     updates = _updates(16, 60_000, 2, 2)
-    layer = gcwm_layer(updates, [1.0, 1.0], GCWMOptions())
+    layer = gcwm_layer(updates, [1.0, 1.0], GCWMParams())
     assert layer.correction.right.shape == (4, 60_000)
     assert torch.isfinite(layer.correction.left).all()
 

@@ -107,7 +107,7 @@ def test_opcm_keeps_the_mean_norm_and_projects_the_second_update() -> None:
 
 
 def test_gcwm_merges_the_active_updates_with_the_correction() -> None:
-    from forgetless.experimental.gcwm import gcwm_layer, options_of
+    from forgetless.experimental.gcwm import GCWMParams, gcwm_layer
 
     model = Tiny()
     start, updates = _params(model), _updates(model, 2)
@@ -117,11 +117,11 @@ def test_gcwm_merges_the_active_updates_with_the_correction() -> None:
         torch.allclose(p, start[n] + updates[0][n], atol=1e-5) for n, p in model.named_parameters()
     )
     stats = _run(method, model, updates[1:])
-    opts = options_of(method.config)  # type: ignore[arg-type]
+    assert isinstance(method.config, GCWMParams)
     factors = [
         LowRank(u["proj.weight"].double(), torch.eye(6, dtype=torch.float64)) for u in updates
     ]
-    correction = gcwm_layer(factors, [1.0, 1.0], opts).correction.dense().float()
+    correction = gcwm_layer(factors, [1.0, 1.0], method.config).correction.dense().float()
     want = start["proj.weight"] + updates[0]["proj.weight"] + updates[1]["proj.weight"] + correction
     assert torch.allclose(model.proj.weight, want, atol=1e-4)
     assert float(correction.abs().max()) > 1e-3  # the geometry branch did something

@@ -24,6 +24,7 @@ from pydantic_core import to_jsonable_python
 
 from forgetless.config.schema import RunConfig
 from forgetless.core.machine import cpu_name, load_average
+from forgetless.core.paths import read_stripped
 from forgetless.core.storage import atomic_write_json
 
 RECORD_VERSION = 1
@@ -99,20 +100,15 @@ def git_commit(start: Path | None = None) -> str | None:
 
 
 def _linked_git_dir(dot_git: Path) -> Path | None:
-    try:
-        line = dot_git.read_text(encoding="utf-8").strip()
-    except OSError:
-        return None
-    if not line.startswith("gitdir: "):
+    line = read_stripped(dot_git)
+    if line is None or not line.startswith("gitdir: "):
         return None
     return (dot_git.parent / line[len("gitdir: ") :]).resolve()
 
 
 def _common_dir(git: Path) -> Path:
-    try:
-        return (git / (git / "commondir").read_text(encoding="utf-8").strip()).resolve()
-    except OSError:
-        return git
+    common = read_stripped(git / "commondir")
+    return (git / common).resolve() if common is not None else git
 
 
 def _resolve_head(git: Path, common: Path) -> str | None:

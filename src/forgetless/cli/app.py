@@ -256,7 +256,7 @@ def _method_summary(cls: Any) -> str:
     """The config's one-line description of the method, else the docstring's first sentence."""
     field = cls.config_cls.model_fields.get("name")
     if field is not None and field.description:
-        return field.description.strip().rstrip(".")
+        return " ".join(field.description.split()).rstrip(".")
     return " ".join((cls.__doc__ or "").strip().split("\n\n")[0].split())
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from forgetless.config.schema import RunConfig, TaskConfig, probe_names
+from forgetless.core.paths import read_stripped
 from forgetless.errors import ConfigError
 
 EXAMPLE_BYTES = 704
@@ -74,11 +75,8 @@ def available_memory() -> int | None:
 
 
 def _read_int(path: Path) -> int | None:
-    try:
-        text = path.read_text(encoding="ascii").strip()
-    except OSError:
-        return None
-    return int(text) if text.isdigit() else None  # "max" means no limit
+    text = read_stripped(path, encoding="ascii")
+    return int(text) if text is not None and text.isdigit() else None  # "max": no limit
 
 
 def human_bytes(n: float) -> str:

@@ -46,10 +46,10 @@ class RegexScorer(_Strict):
     """
 
     kind: Literal["regex"] = "regex"
-    pattern: str = Field(description="Python regular expression searched in the generation.")
-    group: int = Field(
-        1, ge=0, description="Capture group holding the answer (0: the whole match)."
-    )
+    pattern: str
+    """Python regular expression searched in the generation."""
+    group: int = Field(1, ge=0)
+    """Capture group holding the answer (0: the whole match)."""
 
     @model_validator(mode="after")
     def _compiles(self) -> RegexScorer:
@@ -73,8 +73,10 @@ class NumericScorer(_Strict):
     """
 
     kind: Literal["numeric"] = "numeric"
-    strict: bool = Field(False, description="Only accept an answer written after '####'.")
-    tolerance: NonNegative = Field(0.0, description="Absolute tolerance when comparing values.")
+    strict: bool = False
+    """Only accept an answer written after '####'."""
+    tolerance: NonNegative = 0.0
+    """Absolute tolerance when comparing values."""
 
 
 class MultipleChoiceScorer(_Strict):
@@ -85,9 +87,8 @@ class MultipleChoiceScorer(_Strict):
     """
 
     kind: Literal["multiple_choice"] = "multiple_choice"
-    metric: Literal["acc", "acc_norm"] = Field(
-        "acc", description="Which accuracy enters the accuracy matrix (both are computed)."
-    )
+    metric: Literal["acc", "acc_norm"] = "acc"
+    """Which accuracy enters the accuracy matrix (both are computed)."""
 
 
 class AliasScorer(_Strict):
@@ -144,25 +145,25 @@ def scorer_shorthand(value: Any) -> Any:
 class LmEvalSettings(_Strict):
     """Which lm-evaluation-harness tasks to run as retention probes, and how."""
 
-    tasks: list[str] = Field(min_length=1, description="lm-eval task names, e.g. [hellaswag].")
-    limit: Count | None = Field(None, description="Documents per task (null: all); keep it small.")
-    num_fewshot: int | None = Field(None, ge=0, description="Few-shot examples (null: task's).")
-    metric: str | None = Field(
-        None, description="Metric to record, e.g. acc_norm; null: acc_norm, acc, exact_match."
-    )
-    include_path: Path | None = Field(None, description="Folder of custom lm-eval task YAMLs.")
-    include_defaults: bool = Field(
-        True, description="Also index lm-eval's own tasks (false: only include_path; faster)."
-    )
-    apply_chat_template: bool = Field(False, description="Render prompts with the chat template.")
-    batch_size: Count | None = Field(None, description="Default: eval.batch_size.")
-    chance: float | None = Field(
-        None,
-        ge=0,
-        lt=1,
-        description="Chance level of the metric, the floor of retention; null: 1/choices "
-        "(averaged over documents) for a multiple-choice task, 0 for a generation task.",
-    )
+    tasks: list[str] = Field(min_length=1)
+    """lm-eval task names, e.g. [hellaswag]."""
+    limit: Count | None = None
+    """Documents per task (null: all); keep it small."""
+    num_fewshot: int | None = Field(None, ge=0)
+    """Few-shot examples (null: task's)."""
+    metric: str | None = None
+    """Metric to record, e.g. acc_norm; null: acc_norm, acc, exact_match."""
+    include_path: Path | None = None
+    """Folder of custom lm-eval task YAMLs."""
+    include_defaults: bool = True
+    """Also index lm-eval's own tasks (false: only include_path; faster)."""
+    apply_chat_template: bool = False
+    """Render prompts with the chat template."""
+    batch_size: Count | None = None
+    """Default: eval.batch_size."""
+    chance: float | None = Field(None, ge=0, lt=1)
+    """Chance level of the metric, the floor of retention; null: 1/choices (averaged over documents)
+    for a multiple-choice task, 0 for a generation task."""
 
     @field_validator("tasks")
     @classmethod

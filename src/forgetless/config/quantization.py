@@ -11,26 +11,21 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
-
 from forgetless.strict import StrictModel
 
 
 class QuantizationConfig(StrictModel):
     """How the frozen base is stored: bitsandbytes 4-bit, as QLoRA does."""
 
-    bits: Literal[4] = Field(4, description="Bits per base weight (4: QLoRA).")
-    quant_type: Literal["nf4", "fp4"] = Field(
-        "nf4", description="4-bit data type: nf4 (NormalFloat, QLoRA's) or fp4."
-    )
-    double_quant: bool = Field(
-        True, description="Quantize the block scales too (QLoRA's double quantization)."
-    )
-    compute_dtype: Literal["bfloat16", "float16", "float32"] = Field(
-        "bfloat16",
-        description="Dtype the 4-bit weights are dequantized to for each matmul; the layers that "
-        "stay unquantized (embeddings, norms, lm_head) are held in it too.",
-    )
+    bits: Literal[4] = 4
+    """Bits per base weight (4: QLoRA)."""
+    quant_type: Literal["nf4", "fp4"] = "nf4"
+    """4-bit data type: nf4 (NormalFloat, QLoRA's) or fp4."""
+    double_quant: bool = True
+    """Quantize the block scales too (QLoRA's double quantization)."""
+    compute_dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    """Dtype the 4-bit weights are dequantized to for each matmul; the layers that stay unquantized
+    (embeddings, norms, lm_head) are held in it too."""
 
 
 def quantized_rule_broken(method: Any, mode: str, regime: str) -> str | None:

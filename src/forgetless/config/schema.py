@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import (
+    BeforeValidator,
     Discriminator,
     Field,
     SerializeAsAny,
@@ -40,13 +41,20 @@ class Strict(StrictModel):
 class TinyModelConfig(Strict):
     """A small Llama/Qwen2 model built from a config, for CPU runs and tests."""
 
-    arch: Literal["qwen2", "llama"] = Field("qwen2", description="Architecture class to build.")
-    hidden_size: int = Field(128, ge=8, description="Hidden width.")
-    num_layers: Count = Field(4, description="Number of decoder layers.")
-    num_heads: Count = Field(4, description="Attention heads.")
-    num_kv_heads: Count = Field(2, description="Key/value heads (grouped-query attention).")
-    intermediate_size: int = Field(512, ge=8, description="MLP width.")
-    max_position: int = Field(128, ge=16, description="Longest sequence in tokens.")
+    arch: Literal["qwen2", "llama"] = "qwen2"
+    """Architecture class to build."""
+    hidden_size: int = Field(128, ge=8)
+    """Hidden width."""
+    num_layers: Count = 4
+    """Number of decoder layers."""
+    num_heads: Count = 4
+    """Attention heads."""
+    num_kv_heads: Count = 2
+    """Key/value heads (grouped-query attention)."""
+    intermediate_size: int = Field(512, ge=8)
+    """MLP width."""
+    max_position: int = Field(128, ge=16)
+    """Longest sequence in tokens."""
 
     @model_validator(mode="after")
     def _heads_divide(self) -> TinyModelConfig:
@@ -67,47 +75,48 @@ BASE_MIXTURE = (
 class PretrainConfig(Strict):
     """How the built-in base model is pretrained on the base-capability tasks."""
 
-    tasks: list[str] = Field(
-        default_factory=lambda: list(BASE_MIXTURE),
-        description="Built-in tasks in the pretraining mixture: the probed base capabilities "
-        "and the latent ask-* skills.",
-    )
-    steps: Count = Field(12000, description="Optimizer steps.")
-    batch_size: Count = Field(32, description="Examples per step.")
-    lr: Positive = Field(3e-3, description="Peak learning rate (cosine schedule).")
-    n_train: Count = Field(4000, description="Training examples per task.")
-    seed: int = Field(0, ge=0, lt=2**32, description="Seed for weights and data.")
+    tasks: list[str] = Field(default_factory=lambda: list(BASE_MIXTURE))
+    """Built-in tasks in the pretraining mixture: the probed base capabilities and the latent ask-*
+    skills."""
+    steps: Count = 12000
+    """Optimizer steps."""
+    batch_size: Count = 32
+    """Examples per step."""
+    lr: Positive = 3e-3
+    """Peak learning rate (cosine schedule)."""
+    n_train: Count = 4000
+    """Training examples per task."""
+    seed: int = Field(0, ge=0, lt=2**32)
+    """Seed for weights and data."""
 
 
 class ModelConfig(Strict):
-    name_or_path: str | None = Field(
-        None,
-        description="Hub id or local directory; null builds and pretrains the built-in tiny base.",
-    )
-    revision: str | None = Field(None, description="Hub revision (branch, tag or commit).")
-    dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        "float32", description="Weights dtype."
-    )
-    trust_remote_code: bool = Field(False, description="Run code shipped with the model (risky).")
-    attn_implementation: str | None = Field(
-        "sdpa",
-        description="Attention kernel: sdpa (PyTorch's fused scaled-dot-product attention; a "
-        "model without it falls back to eager, said at start), eager, flash_attention_2, ...; "
-        "null: transformers' own choice.",
-    )
-    quantization: QuantizationConfig | None = Field(
-        None,
-        description="Load the base in 4 bits under LoRA (QLoRA; needs the qlora extra): "
-        "{bits: 4}. Null: weights in model.dtype.",
-    )
+    name_or_path: str | None = None
+    """Hub id or local directory; null builds and pretrains the built-in tiny base."""
+    revision: str | None = None
+    """Hub revision (branch, tag or commit)."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Weights dtype."""
+    trust_remote_code: bool = False
+    """Run code shipped with the model (risky)."""
+    attn_implementation: str | None = "sdpa"
+    """Attention kernel: sdpa (PyTorch's fused scaled-dot-product attention; a model without it
+    falls back to eager, said at start), eager, flash_attention_2, ...; null: transformers' own
+    choice."""
+    quantization: QuantizationConfig | None = None
+    """Load the base in 4 bits under LoRA (QLoRA; needs the qlora extra): {bits: 4}. Null: weights
+    in model.dtype."""
     tiny: TinyModelConfig = Field(default_factory=TinyModelConfig)  # type: ignore[arg-type]
     pretrain: PretrainConfig = Field(default_factory=PretrainConfig)  # type: ignore[arg-type]
 
 
 class LoraConfig(Strict):
-    r: Count = Field(8, description="LoRA rank.")
-    alpha: int = Field(16, gt=0, description="LoRA scale numerator (scale = alpha / r).")
-    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the LoRA path.")
+    r: Count = 8
+    """LoRA rank."""
+    alpha: int = Field(16, gt=0)
+    """LoRA scale numerator (scale = alpha / r)."""
+    dropout: float = Field(0.0, ge=0, lt=1)
+    """Dropout on the LoRA path."""
     target_modules: list[str] = Field(
         default_factory=lambda: [
             "q_proj",
@@ -117,23 +126,20 @@ class LoraConfig(Strict):
             "gate_proj",
             "up_proj",
             "down_proj",
-        ],
-        description="Module names that get adapters.",
+        ]
     )
-    layers: list[int] | None = Field(
-        None,
-        description="Decoder layer indices that get adapters (PEFT layers_to_transform); null: "
-        "all. Adapters on the top layers only stop the backward pass there.",
-    )
-    regime: Literal["carry", "merge", "per_task"] = Field(
-        "carry",
-        description="carry: one adapter for the whole sequence (SeqLoRA); merge: a new adapter per "
-        "task merged at its end; per_task: a new adapter per task, past ones frozen beside it.",
-    )
+    """Module names that get adapters."""
+    layers: list[int] | None = None
+    """Decoder layer indices that get adapters (PEFT layers_to_transform); null: all. Adapters on
+    the top layers only stop the backward pass there."""
+    regime: Literal["carry", "merge", "per_task"] = "carry"
+    """carry: one adapter for the whole sequence (SeqLoRA); merge: a new adapter per task merged at
+    its end; per_task: a new adapter per task, past ones frozen beside it."""
 
 
 class FinetuneConfig(Strict):
-    mode: Literal["full", "lora"] = Field("full", description="Full fine-tuning or LoRA (PEFT).")
+    mode: Literal["full", "lora"] = "full"
+    """Full fine-tuning or LoRA (PEFT)."""
     lora: LoraConfig = Field(default_factory=LoraConfig)  # type: ignore[arg-type]
 
 
@@ -147,64 +153,52 @@ their own longest example)."""
 class TrainConfig(Strict):
     """Per-task training budget; a task's ``train`` block overrides any of these."""
 
-    steps: Count | None = Field(200, description="Optimizer steps per task (or use epochs).")
-    epochs: Positive | None = Field(None, description="Epochs per task; overrides steps.")
-    batch_size: Count = Field(32, description="Examples per micro-batch.")
-    grad_accum: Count = Field(1, description="Micro-batches per optimizer step.")
-    lr: Positive = Field(1e-3, description="Peak learning rate (AdamW).")
-    weight_decay: NonNegative = Field(0.0, description="AdamW weight decay.")
-    warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps.")
-    scheduler: Literal["constant", "linear", "cosine"] = Field(
-        "constant", description="LR schedule."
-    )
-    max_grad_norm: Positive | None = Field(1.0, description="Gradient clipping; null disables.")
-    max_length: int | None = Field(
-        None,
-        ge=8,
-        description="Longest training example in tokens: a longer one keeps its first max_length "
-        "tokens (the completion's end is cut, counted and warned about); one whose prompt alone "
-        "fills it is an error. More than the model's positions is refused. Null: the longest "
-        "example of the run's tasks and probes, at least 64 and at most the model's positions "
-        "(printed at start).",
-    )
-    autocast: Literal["off", "bf16", "fp16"] = Field(
-        "off",
-        description="bf16 or fp16: training's forward passes under bfloat16 or float16 autocast "
-        "(weights and optimizer state stay float32; fp16 scales the loss with a gradient scaler "
-        "and skips the steps whose gradients overflow, counted in results.json); evaluation "
-        "stays float32.",
-    )
-    gradient_checkpointing: bool = Field(
-        False,
-        description="Recompute each decoder layer's activations in the backward pass instead of "
-        "keeping them (transformers' gradient checkpointing, non-reentrant): less memory for "
-        "about a third more compute per step; the gradients are the same.",
-    )
-    optimizer_restarts: int = Field(
-        0,
-        ge=0,
-        description="Clear AdamW's state this many times within each task, at evenly spaced "
-        "steps: a control matched to a method that restarts its optimizer (anchored starts one "
-        "per anchor).",
-    )
-    on_nonfinite: Literal["stop", "skip"] = Field(
-        "stop",
-        description="A NaN/inf loss or gradient: stop the run (the event goes into results.json), "
-        "or skip that step's update and count it.",
-    )
-    checkpoint_every: Count | None = Field(
-        None,
-        description="Write a step checkpoint (weights, optimizer, scheduler, RNG, data order, "
-        "method state) every N optimizer steps and when a task's training ends, so a re-run "
-        "resumes inside the task; null: resume only after finished tasks.",
-    )
-    padding_free: bool = Field(
-        False,
-        description="Pack each micro-batch's examples into one row, positions restarting at 0 "
-        "per example, so no pad token is computed; the loss is the padded batch's. A method "
-        "that reads the batch's rows is refused; an attention that does not keep packed "
-        "sequences apart batches examples of similar length instead.",
-    )
+    steps: Count | None = 200
+    """Optimizer steps per task (or use epochs)."""
+    epochs: Positive | None = None
+    """Epochs per task; overrides steps."""
+    batch_size: Count = 32
+    """Examples per micro-batch."""
+    grad_accum: Count = 1
+    """Micro-batches per optimizer step."""
+    lr: Positive = 1e-3
+    """Peak learning rate (AdamW)."""
+    weight_decay: NonNegative = 0.0
+    """AdamW weight decay."""
+    warmup_steps: int = Field(0, ge=0)
+    """Linear warm-up steps."""
+    scheduler: Literal["constant", "linear", "cosine"] = "constant"
+    """LR schedule."""
+    max_grad_norm: Positive | None = 1.0
+    """Gradient clipping; null disables."""
+    max_length: int | None = Field(None, ge=8)
+    """Longest training example in tokens: a longer one keeps its first max_length tokens (the
+    completion's end is cut, counted and warned about); one whose prompt alone fills it is an
+    error. More than the model's positions is refused. Null: the longest example of the run's
+    tasks and probes, at least 64 and at most the model's positions (printed at start)."""
+    autocast: Literal["off", "bf16", "fp16"] = "off"
+    """bf16 or fp16: training's forward passes under bfloat16 or float16 autocast (weights and
+    optimizer state stay float32; fp16 scales the loss with a gradient scaler and skips the steps
+    whose gradients overflow, counted in results.json); evaluation stays float32."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward pass instead of keeping them
+    (transformers' gradient checkpointing, non-reentrant): less memory for about a third more
+    compute per step; the gradients are the same."""
+    optimizer_restarts: int = Field(0, ge=0)
+    """Clear AdamW's state this many times within each task, at evenly spaced steps: a control
+    matched to a method that restarts its optimizer (anchored starts one per anchor)."""
+    on_nonfinite: Literal["stop", "skip"] = "stop"
+    """A NaN/inf loss or gradient: stop the run (the event goes into results.json), or skip that
+    step's update and count it."""
+    checkpoint_every: Count | None = None
+    """Write a step checkpoint (weights, optimizer, scheduler, RNG, data order, method state) every
+    N optimizer steps and when a task's training ends, so a re-run resumes inside the task; null:
+    resume only after finished tasks."""
+    padding_free: bool = False
+    """Pack each micro-batch's examples into one row, positions restarting at 0 per example, so no
+    pad token is computed; the loss is the padded batch's. A method that reads the batch's rows
+    is refused; an attention that does not keep packed sequences apart batches examples of
+    similar length instead."""
 
     @property
     def resolved_max_length(self) -> int:
@@ -228,27 +222,27 @@ is its evaluation set, whole, unless a split is asked for."""
 class Columns(Strict):
     """Which key of a JSONL record holds each field (e.g. ``{prompt: question}``)."""
 
-    prompt: str = Field("prompt", description="The prompt's key.")
-    completion: str = Field("completion", description="The answer's key.")
-    messages: str = Field("messages", description="Chat turns' key (a list of {role, content}).")
-    choices: str = Field("choices", description="Multiple-choice options' key (a list of str).")
-    label: str = Field("label", description="The right choice's index key.")
+    prompt: str = "prompt"
+    """The prompt's key."""
+    completion: str = "completion"
+    """The answer's key."""
+    messages: str = "messages"
+    """Chat turns' key (a list of {role, content})."""
+    choices: str = "choices"
+    """Multiple-choice options' key (a list of str)."""
+    label: str = "label"
+    """The right choice's index key."""
 
 
 class JsonlSource(Strict):
-    train: Path = Field(description="JSONL with prompt/completion or messages per line.")
-    eval: Path | None = Field(
-        None,
-        description="Eval JSONL; default: a task splits eval_fraction off the train file, a "
-        "probe is evaluated on the whole file.",
-    )
-    eval_fraction: float | None = Field(
-        None,
-        gt=0,
-        lt=1,
-        description="Eval share split off the train file when eval is not given; null: 0.1 for "
-        "a task, none for a probe (the whole file is evaluated).",
-    )
+    train: Path
+    """JSONL with prompt/completion or messages per line."""
+    eval: Path | None = None
+    """Eval JSONL; default: a task splits eval_fraction off the train file, a probe is evaluated on
+    the whole file."""
+    eval_fraction: float | None = Field(None, gt=0, lt=1)
+    """Eval share split off the train file when eval is not given; null: 0.1 for a task, none for a
+    probe (the whole file is evaluated)."""
     columns: Columns = Field(
         default_factory=Columns,  # type: ignore[arg-type]
         description="Keys of the records' fields, e.g. {prompt: question, completion: answer}.",
@@ -256,63 +250,54 @@ class JsonlSource(Strict):
 
 
 class HFSource(Strict):
-    path: str = Field(description="datasets.load_dataset path, or a save_to_disk directory.")
-    name: str | None = Field(None, description="Dataset configuration name.")
-    data_files: str | list[str] | dict[str, str] | None = Field(None, description="Local files.")
+    path: str
+    """datasets.load_dataset path, or a save_to_disk directory."""
+    name: str | None = None
+    """Dataset configuration name."""
+    data_files: str | list[str] | dict[str, str] | None = None
+    """Local files."""
     train_split: str = Field("train")
-    eval_split: str | None = Field(
-        None,
-        description="Default: a task splits eval_fraction off the train split, a probe is "
-        "evaluated on the whole train split.",
-    )
-    eval_fraction: float | None = Field(
-        None,
-        gt=0,
-        lt=1,
-        description="Eval share split off the train split when eval_split is not given; null: "
-        "0.1 for a task, none for a probe.",
-    )
+    eval_split: str | None = None
+    """Default: a task splits eval_fraction off the train split, a probe is evaluated on the whole
+    train split."""
+    eval_fraction: float | None = Field(None, gt=0, lt=1)
+    """Eval share split off the train split when eval_split is not given; null: 0.1 for a task, none
+    for a probe."""
     prompt_column: str = Field("prompt")
     completion_column: str = Field("completion")
-    messages_column: str | None = Field(None, description="Use chat messages instead of columns.")
-    choices_column: str | None = Field(
-        None, description="Multiple-choice options, a list of str (default column: choices)."
-    )
-    label_column: str | None = Field(
-        None, description="Index of the right choice (default column: label)."
-    )
+    messages_column: str | None = None
+    """Use chat messages instead of columns."""
+    choices_column: str | None = None
+    """Multiple-choice options, a list of str (default column: choices)."""
+    label_column: str | None = None
+    """Index of the right choice (default column: label)."""
 
 
 class TaskConfig(Strict):
     """One task: a built-in name, a JSONL source or a Hugging Face dataset."""
 
-    builtin: str | None = Field(None, description="A built-in task (see `forgetless tasks`).")
-    name: str | None = Field(None, description="Display name; default: the source's name.")
+    builtin: str | None = None
+    """A built-in task (see `forgetless tasks`)."""
+    name: str | None = None
+    """Display name; default: the source's name."""
     jsonl: JsonlSource | None = None
     hf: HFSource | None = None
-    n_train: Count | None = Field(None, description="Cap on training examples.")
-    n_eval: Count | None = Field(None, description="Cap on eval examples.")
-    max_new_tokens: Count | None = Field(
-        None,
-        description="Generation budget for scoring, in tokens; null: the built-in task's own, or "
-        "64 for JSONL and Hugging Face tasks.",
-    )
-    scorer: ScorerConfig | None = Field(
-        None,
-        description="How the task is scored: exact_match (default), contains, startswith, regex, "
-        "numeric, multiple_choice; a kind name or {kind: ..., options}. Null: the task's own.",
-    )
+    n_train: Count | None = None
+    """Cap on training examples."""
+    n_eval: Count | None = None
+    """Cap on eval examples."""
+    max_new_tokens: Count | None = None
+    """Generation budget for scoring, in tokens; null: the built-in task's own, or 64 for JSONL and
+    Hugging Face tasks."""
+    scorer: Annotated[ScorerConfig | None, BeforeValidator(scorer_shorthand)] = None
+    """How the task is scored: exact_match (default), contains, startswith, regex, numeric,
+    multiple_choice; a kind name or {kind: ..., options}. Null: the task's own."""
     train: TrainOverrides = Field(default_factory=TrainOverrides)  # type: ignore[arg-type]
 
     @model_validator(mode="before")
     @classmethod
     def _from_string(cls, value: Any) -> Any:
         return {"builtin": value} if isinstance(value, str) else value
-
-    @field_validator("scorer", mode="before")
-    @classmethod
-    def _scorer_shorthand(cls, value: Any) -> Any:
-        return scorer_shorthand(value)
 
     @model_validator(mode="after")
     def _one_source(self) -> TaskConfig:
@@ -340,44 +325,38 @@ class TaskConfig(Strict):
 
 
 class EvalConfig(Strict):
-    n_eval: Count = Field(100, description="Eval examples per task unless the task says.")
-    n_train: Count = Field(2000, description="Built-in training examples per task.")
-    batch_size: Count = Field(128, description="Prompts per generation batch.")
-    kl_drift: bool = Field(True, description="Measure output-space KL drift on the probes.")
-    kl_examples: Count = Field(32, description="Probe examples per probe for KL drift.")
-    loglik_examples: int = Field(
-        64,
-        ge=0,
-        description="Eval examples per task and probe for the gold completion's mean "
-        "log-likelihood, a continuous signal beside accuracy (0: off).",
-    )
-    between: Count | None = Field(
-        None,
-        description="Eval examples per task and probe in the rows after every task but the last "
-        "(the base row and the final row use n_eval; the prose there is only its KL "
-        "paragraphs): small evaluations between tasks, the full one at the end. Null: n_eval "
-        "everywhere.",
-    )
-    cache_base_row: bool = Field(
-        False,
-        description="Evaluate the base once and cache row 0 for every run on the same model, "
-        "tasks, probes, evaluation settings and seed ($FORGETLESS_CACHE/base-rows).",
-    )
-    prose: bool = Field(
-        False,
-        description="Perplexity and token KL(base || model) on the shipped held-out prose "
-        "(48 paragraphs written for forgetless), in every row.",
-    )
-    prose_paragraphs: Count = Field(48, description="Prose paragraphs for perplexity.")
-    prose_kl_paragraphs: Count = Field(
-        8, description="Of those, the first ones whose base distributions are kept for KL."
-    )
-    prose_max_tokens: int = Field(192, ge=8, description="Tokens per prose paragraph, at most.")
-    forgetting: Literal["any", "learned"] = Field(
-        "any",
-        description="Forgetting's reference: the best row after any earlier task (Chaudhry et "
-        "al. 2018) or only rows from when the task was learned.",
-    )
+    n_eval: Count = 100
+    """Eval examples per task unless the task says."""
+    n_train: Count = 2000
+    """Built-in training examples per task."""
+    batch_size: Count = 128
+    """Prompts per generation batch."""
+    kl_drift: bool = True
+    """Measure output-space KL drift on the probes."""
+    kl_examples: Count = 32
+    """Probe examples per probe for KL drift."""
+    loglik_examples: int = Field(64, ge=0)
+    """Eval examples per task and probe for the gold completion's mean log-likelihood, a continuous
+    signal beside accuracy (0: off)."""
+    between: Count | None = None
+    """Eval examples per task and probe in the rows after every task but the last (the base row and
+    the final row use n_eval; the prose there is only its KL paragraphs): small evaluations
+    between tasks, the full one at the end. Null: n_eval everywhere."""
+    cache_base_row: bool = False
+    """Evaluate the base once and cache row 0 for every run on the same model, tasks, probes,
+    evaluation settings and seed ($FORGETLESS_CACHE/base-rows)."""
+    prose: bool = False
+    """Perplexity and token KL(base || model) on the shipped held-out prose (48 paragraphs written
+    for forgetless), in every row."""
+    prose_paragraphs: Count = 48
+    """Prose paragraphs for perplexity."""
+    prose_kl_paragraphs: Count = 8
+    """Of those, the first ones whose base distributions are kept for KL."""
+    prose_max_tokens: int = Field(192, ge=8)
+    """Tokens per prose paragraph, at most."""
+    forgetting: Literal["any", "learned"] = "any"
+    """Forgetting's reference: the best row after any earlier task (Chaudhry et al. 2018) or only
+    rows from when the task was learned."""
 
 
 ProbeConfig = Annotated[
@@ -418,42 +397,30 @@ DEVICE = re.compile(r"auto|cpu|cuda|cuda:\d+|mps")
 class RunConfig(Strict):
     """A whole continual run: model, fine-tuning mode, task sequence, probes, method."""
 
-    seed: int = Field(
-        0, ge=0, lt=2**32, description="Seed for data order, initialisation and sampling."
-    )
-    device: str = Field(
-        "auto",
-        description="Where the model runs: auto (a GPU when there is one, as accelerate places "
-        "each process), cpu, cuda, cuda:N or mps; one that is not available is refused at start.",
-    )
+    seed: int = Field(0, ge=0, lt=2**32)
+    """Seed for data order, initialisation and sampling."""
+    device: str = "auto"
+    """Where the model runs: auto (a GPU when there is one, as accelerate places each process), cpu,
+    cuda, cuda:N or mps; one that is not available is refused at start."""
     model: ModelConfig = Field(default_factory=ModelConfig)  # type: ignore[arg-type]
     finetune: FinetuneConfig = Field(default_factory=FinetuneConfig)  # type: ignore[arg-type]
     train: TrainConfig = Field(default_factory=TrainConfig)  # type: ignore[arg-type]
     eval: EvalConfig = Field(default_factory=EvalConfig)  # type: ignore[arg-type]
-    tasks: list[TaskConfig] = Field(min_length=1, description="The continual sequence, in order.")
-    probes: list[ProbeConfig] = Field(
-        default_factory=list,
-        description="Retention probes: tasks like the sequence's, or lm-eval tasks "
-        "('lmeval:hellaswag' or {lm_eval: {tasks: [...], limit: N}}).",
-    )
-    report_to: Literal["none", "tensorboard", "wandb", "mlflow", "trackio"] = Field(
-        "none", description="Experiment tracker (through accelerate); none needs no install."
-    )
-    method: SerializeAsAny[MethodConfig] = Field(
-        default_factory=lambda: method_config("seq_ft"),
-        description="Forgetting control: a method name, or {name: ..., its options}.",
-    )
-    budget: BudgetConfig | None = Field(
-        None,
-        description="A forgetting budget the runner holds by steering the method's strength "
-        "(docs/budget.md); None: the method's strength as configured.",
-    )
-    bench: BenchSection | None = Field(
-        None,
-        exclude=True,
-        description="What `forgetless bench` compares on this config (variants, seeds, orders); "
-        "a run ignores it, and it is not part of a run's resolved config.",
-    )
+    tasks: list[TaskConfig] = Field(min_length=1)
+    """The continual sequence, in order."""
+    probes: list[ProbeConfig] = Field(default_factory=list)
+    """Retention probes: tasks like the sequence's, or lm-eval tasks ('lmeval:hellaswag' or
+    {lm_eval: {tasks: [...], limit: N}})."""
+    report_to: Literal["none", "tensorboard", "wandb", "mlflow", "trackio"] = "none"
+    """Experiment tracker (through accelerate); none needs no install."""
+    method: SerializeAsAny[MethodConfig] = Field(default_factory=lambda: method_config("seq_ft"))
+    """Forgetting control: a method name, or {name: ..., its options}."""
+    budget: BudgetConfig | None = None
+    """A forgetting budget the runner holds by steering the method's strength (docs/budget.md);
+    None: the method's strength as configured."""
+    bench: BenchSection | None = Field(None, exclude=True)
+    """What `forgetless bench` compares on this config (variants, seeds, orders); a run ignores it,
+    and it is not part of a run's resolved config."""
 
     @field_validator("device")
     @classmethod

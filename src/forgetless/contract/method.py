@@ -253,18 +253,18 @@ MethodT = TypeVar("MethodT", bound=type[Method])
 
 
 def declare_method(
-    name: str,
     config: type[MethodConfig],
     capabilities: Iterable[Capability] = (),
     paper: Paper | None = None,
 ) -> Callable[[MethodT], MethodT]:
-    """Class decorator: a method's one declaration (its name, config class, capabilities and
-    paper), checked and registered.
+    """Class decorator: a method's one declaration (its config class, which names it through
+    ``name: Literal["x"]``, its capabilities and its paper), checked and registered.
 
-    ``config``'s ``name`` must be ``Literal[name]``; the class overrides the hooks of exactly
-    ``capabilities``. A module outside the package that declares a method is found through the
-    entry-point group ``forgetless.methods`` (docs/architecture.md).
+    The class overrides the hooks of exactly ``capabilities``. A module outside the package
+    that declares a method is found through the entry-point group ``forgetless.methods``
+    (docs/architecture.md).
     """
+    name = _declared_name(config)
 
     def declare(cls: MethodT) -> MethodT:
         cls.name, cls.config_cls, cls.paper = name, config, paper
@@ -273,6 +273,14 @@ def declare_method(
         return cls
 
     return declare
+
+
+def _declared_name(config: type[MethodConfig]) -> str:
+    names: tuple[Any, ...] = getattr(config.model_fields["name"].annotation, "__args__", ())
+    if len(names) != 1 or not isinstance(names[0], str):
+        raise TypeError(f"{config.__name__}.name must be Literal['<method name>']")
+    found: str = names[0]
+    return found
 
 
 def registered_methods() -> dict[str, type[Method]]:

@@ -20,11 +20,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
-from pydantic import BaseModel, Field
 
 import forgetless.experimental  # noqa: F401  (the import warning)
 from forgetless.core.fields import Count, Fraction, NonNegative, Positive
@@ -37,82 +36,52 @@ from forgetless.diagnostics.geometry import (
     normalized_bw_sq,
     trace_normalized,
 )
+from forgetless.strict import DocumentedModel
 
 Metric = Literal["barycenter", "mean"]
 GateDirection = Literal["hold_back", "amplify"]
 GateShape = Literal["linear", "sigmoid", "step"]
 
 
-@dataclass(frozen=True)
-class GCWMOptions:
-    """Knobs of one GCWM merge; the method config and the merge config map onto these."""
-
-    metric: Metric = "barycenter"
-    conflict_cancellation: bool = True
-    gate_direction: GateDirection = "hold_back"
-    gate_shape: GateShape = "linear"
-    threshold: float = 0.5
-    temperature: float = 0.1
-    strength: float = 1.0
-    conflict_trace_normalized: bool = False
-    metric_floor: float = 1.0
-    consensus_ridge: float = 1e-2
-    max_iter: int = 50
-    tol: float = 1e-6
-    rcond: float = 1e-10
+RCOND = 1e-10
+"""Eigen- and singular values under ``RCOND`` × the largest count as zero."""
 
 
-class GCWMParams(BaseModel):
+class GCWMParams(DocumentedModel):
     """GCWM's knobs (docs/merging.md); the merge config and the continual method share them."""
 
-    rank: Count = Field(
-        64,
-        description="Truncated-SVD rank kept per task update of a dense (full fine-tuning) "
-        "matrix; LoRA updates are used exactly. Toolkit default (the paper gives none).",
-    )
-    metric: Metric = Field(
-        "barycenter",
-        description="Shared metric: the Gaussian Wasserstein barycenter of the task geometries "
-        "(the paper), or their arithmetic mean (the paper's ablation).",
-    )
-    conflict_cancellation: bool = Field(
-        True,
-        description="Let the layer's conflict govern the correction branch (the paper). False is "
-        "the paper's 'no conflict cancellation' ablation, read here as a constant gate = strength.",
-    )
-    gate_direction: GateDirection = Field(
-        "hold_back",
-        description="hold_back (the paper's text): high conflict holds back the geometry-aware "
-        "correction, g = β(1 − h(κ)); amplify (a public implementation): g = β·h(κ).",
-    )
-    gate_shape: GateShape = Field(
-        "linear",
-        description="h(κ): κ itself, σ((κ − threshold)/temperature), or 1[κ > threshold].",
-    )
-    threshold: Fraction = Field(0.5, description="κ threshold of the sigmoid/step gate.")
-    temperature: Positive = Field(0.1, description="Temperature of the sigmoid gate.")
-    strength: Fraction = Field(1.0, description="β, the largest weight of the correction branch.")
-    conflict_trace_normalized: bool = Field(
-        False, description="Compute the conflict on C / tr C (removes the update-size effect)."
-    )
-    metric_floor: NonNegative = Field(
-        1.0,
-        description="ρ: the metric's eigenvalues on the shared span are floored at ρ·tr S / K "
-        "before whitening (a barycenter of low-rank geometries is itself low rank). Toolkit.",
-    )
-    consensus_ridge: NonNegative = Field(
-        1e-2,
-        description="ε: ridge ε·tr(ΣP)/K on the consensus system (near-parallel task subspaces "
-        "make it ill-conditioned). Toolkit default.",
-    )
-    max_iter: Count = Field(50, description="Barycenter fixed-point iterations at most.")
-    tol: Positive = Field(1e-6, description="Barycenter stop: relative Frobenius change.")
-
-
-def options_of(params: GCWMParams) -> GCWMOptions:
-    """The math-level options of a config's GCWM knobs (the merge's and the method's alike)."""
-    shared = {f.name for f in fields(GCWMOptions)} & set(type(params).model_fields)
-    return GCWMOptions(**{name: getattr(params, name) for name in shared})
+    rank: Count = 64
+    """Truncated-SVD rank kept per task update of a dense (full fine-tuning) matrix; LoRA updates
+    are used exactly. Toolkit default (the paper gives none)."""
+    metric: Metric = "barycenter"
+    """Shared metric: the Gaussian Wasserstein barycenter of the task geometries (the paper), or
+    their arithmetic mean (the paper's ablation)."""
+    conflict_cancellation: bool = True
+    """Let the layer's conflict govern the correction branch (the paper). False is the paper's 'no
+    conflict cancellation' ablation, read here as a constant gate = strength."""
+    gate_direction: GateDirection = "hold_back"
+    """hold_back (the paper's text): high conflict holds back the geometry-aware correction, g = β(1
+    − h(κ)); amplify (a public implementation): g = β·h(κ)."""
+    gate_shape: GateShape = "linear"
+    """h(κ): κ itself, σ((κ − threshold)/temperature), or 1[κ > threshold]."""
+    threshold: Fraction = 0.5
+    """κ threshold of the sigmoid/step gate."""
+    temperature: Positive = 0.1
+    """Temperature of the sigmoid gate."""
+    strength: Fraction = 1.0
+    """β, the largest weight of the correction branch."""
+    conflict_trace_normalized: bool = False
+    """Compute the conflict on C / tr C (removes the update-size effect)."""
+    metric_floor: NonNegative = 1.0
+    """ρ: the metric's eigenvalues on the shared span are floored at ρ·tr S / K before whitening (a
+    barycenter of low-rank geometries is itself low rank). Toolkit."""
+    consensus_ridge: NonNegative = 1e-2
+    """ε: ridge ε·tr(ΣP)/K on the consensus system (near-parallel task subspaces make it
+    ill-conditioned). Toolkit default."""
+    max_iter: Count = 50
+    """Barycenter fixed-point iterations at most."""
+    tol: NonNegative = 1e-6
+    """Barycenter stop: relative Frobenius change (0: always max_iter iterations)."""
 
 
 @dataclass(frozen=True)
@@ -139,7 +108,7 @@ def _eigh(mat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return vals.clamp(min=0), vecs
 
 
-def psd_power(mat: torch.Tensor, power: float, rcond: float = 1e-10) -> torch.Tensor:
+def psd_power(mat: torch.Tensor, power: float, rcond: float = RCOND) -> torch.Tensor:
     """``M^p`` of a symmetric PSD matrix; for ``p < 0``, eigenvalues under ``rcond·λ_max`` → 0."""
     vals, vecs = _eigh(mat)
     top = float(vals.max()) if vals.numel() else 0.0
@@ -148,7 +117,7 @@ def psd_power(mat: torch.Tensor, power: float, rcond: float = 1e-10) -> torch.Te
     return (vecs * powered) @ vecs.T
 
 
-def shared_basis(factors: Sequence[torch.Tensor], rcond: float = 1e-10) -> torch.Tensor:
+def shared_basis(factors: Sequence[torch.Tensor], rcond: float = RCOND) -> torch.Tensor:
     """Orthonormal ``Q`` (``d × K``) spanning all factors' columns (thin SVD of ``[G_1 … G_T]``)."""
     stacked = torch.cat([f.to(DTYPE) for f in factors], dim=1)
     if stacked.shape[1] == 0:
@@ -218,7 +187,7 @@ def floored(metric: torch.Tensor, floor: float, span: torch.Tensor | None = None
     return out if span is None else span @ out @ span.T
 
 
-def gate_value(conflict: float, opts: GCWMOptions) -> float:
+def gate_value(conflict: float, opts: GCWMParams) -> float:
     """``g(κ)``, ``h`` of the chosen shape: hold_back (paper) ``β(1 − h)``; amplify ``βh``."""
     if not opts.conflict_cancellation:
         return opts.strength
@@ -236,7 +205,7 @@ def consensus(
     weights: Sequence[float],
     ridge: float,
     span: torch.Tensor | None = None,
-    rcond: float = 1e-10,
+    rcond: float = RCOND,
 ) -> torch.Tensor:
     """``argmin_τ Σ_t w_t ‖(τ − τ_t) τ_tᵀ‖² / ‖τ_t‖² + ridge·p̄‖τ‖²`` in closed form.
 
@@ -270,7 +239,7 @@ def _conflict(
 
 
 def shared_metric(
-    coords: Sequence[torch.Tensor], w_hat: Sequence[float], opts: GCWMOptions
+    coords: Sequence[torch.Tensor], w_hat: Sequence[float], opts: GCWMParams
 ) -> tuple[torch.Tensor, int]:
     """The barycenter (or the arithmetic mean, ablation) of ``A_t A_tᵀ``."""
     if opts.metric == "barycenter":
@@ -280,15 +249,13 @@ def shared_metric(
     return mean, 0
 
 
-def gcwm_layer(
-    updates: Sequence[LowRank], weights: Sequence[float], opts: GCWMOptions
-) -> GCWMLayer:
+def gcwm_layer(updates: Sequence[LowRank], weights: Sequence[float], opts: GCWMParams) -> GCWMLayer:
     """GCWM correction for one weight matrix from factored task updates (never ``d × d``)."""
     if not updates or len(updates) != len(weights):
         raise ValueError(f"gcwm_layer needs matching updates and weights, got {len(updates)}")
     m, d = updates[0].left.shape[0], updates[0].right.shape[1]
     geoms = [geometry_from_lowrank(u) for u in updates]
-    basis = shared_basis([g.factor for g in geoms], opts.rcond)
+    basis = shared_basis([g.factor for g in geoms], RCOND)
     if basis.shape[1] == 0 or sum(weights) <= 0:
         zero = LowRank(torch.zeros(m, 0, dtype=DTYPE), torch.zeros(0, d, dtype=DTYPE))
         return GCWMLayer(zero, 0.0, gate_value(0.0, opts), 0)
@@ -300,17 +267,17 @@ def gcwm_layer(
     )
     g = gate_value(kappa, opts)
     metric = floored(metric, opts.metric_floor)
-    root, inv_root = psd_power(metric, 0.5, opts.rcond), psd_power(metric, -0.5, opts.rcond)
+    root, inv_root = psd_power(metric, 0.5, RCOND), psd_power(metric, -0.5, RCOND)
     projected = [u.left.to(DTYPE) @ (u.right.to(DTYPE) @ basis) for u in updates]
     whitened = [p @ inv_root for p in projected]
-    geo = consensus(whitened, weights, opts.consensus_ridge, None, opts.rcond) @ root
+    geo = consensus(whitened, weights, opts.consensus_ridge, None, RCOND) @ root
     plain = sum(w * p for w, p in zip(weights, projected, strict=True))
     correction = LowRank(g * (geo - plain), basis.T.contiguous())
     return GCWMLayer(correction, kappa, g, iters)
 
 
 def gcwm_layer_dense(
-    deltas: Sequence[torch.Tensor], weights: Sequence[float], opts: GCWMOptions
+    deltas: Sequence[torch.Tensor], weights: Sequence[float], opts: GCWMParams
 ) -> tuple[torch.Tensor, float]:
     """Dense ``O(d³)`` reference of :func:`gcwm_layer` (tests, benchmarks): ``(C, κ)``.
 
@@ -333,10 +300,10 @@ def gcwm_layer_dense(
     for c in covs:
         total_cov += c
     vals, vecs = _eigh(total_cov)  # the shared span: the range of Σ_t C_t
-    span = vecs[:, vals > opts.rcond * float(vals.max())]
+    span = vecs[:, vals > RCOND * float(vals.max())]
     metric = floored(metric, opts.metric_floor, span)
-    root, inv_root = psd_power(metric, 0.5, opts.rcond), psd_power(metric, -0.5, opts.rcond)
+    root, inv_root = psd_power(metric, 0.5, RCOND), psd_power(metric, -0.5, RCOND)
     whitened = [d @ inv_root for d in deltas]
-    geo = consensus(whitened, weights, opts.consensus_ridge, span, opts.rcond) @ root
+    geo = consensus(whitened, weights, opts.consensus_ridge, span, RCOND) @ root
     plain = sum(w * d for w, d in zip(weights, deltas, strict=True))
     return g * (geo - plain), kappa

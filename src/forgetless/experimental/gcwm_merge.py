@@ -14,10 +14,9 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-from pydantic import Field
 
 from forgetless.core.lowrank import LowRank
-from forgetless.experimental.gcwm import GCWMParams, gcwm_layer, options_of, truncate
+from forgetless.experimental.gcwm import GCWMParams, gcwm_layer, truncate
 from forgetless.merging.blocks import is_block_matrix
 from forgetless.merging.config import MergeMethodConfig, register_merge_method
 from forgetless.merging.streaming import Delta, TensorMerge, register_tensor_rule
@@ -26,7 +25,8 @@ from forgetless.merging.task_arithmetic import COMPUTE, weighted_sum
 
 @register_merge_method
 class GCWMMerge(MergeMethodConfig, GCWMParams):
-    name: Literal["gcwm"] = Field(description="Geometry-conflict Wasserstein merging.")
+    name: Literal["gcwm"]
+    """Geometry-conflict Wasserstein merging."""
 
 
 def factored(delta: Delta | None, base: torch.Tensor, rank: int) -> LowRank:
@@ -47,7 +47,7 @@ def gcwm_tensor(params: GCWMMerge, t: TensorMerge) -> torch.Tensor:
     if not is_block_matrix(t.name, t.base):
         return plain
     factors = [factored(d, t.base, params.rank) for d in t.deltas]
-    layer = gcwm_layer(factors, t.weights, options_of(params))
+    layer = gcwm_layer(factors, t.weights, params)
     t.stats.layers[t.name] = {"conflict": layer.conflict, "gate": layer.gate}
     return plain + layer.correction.dense().to(COMPUTE)
 

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
-    BaseModel,
     Field,
     SerializeAsAny,
     ValidationError,
@@ -34,7 +33,7 @@ from pydantic import (
 
 from forgetless.core import registry
 from forgetless.core.fields import Fraction, NonNegative
-from forgetless.strict import StrictModel
+from forgetless.strict import DocumentedModel, StrictModel
 
 MERGE_METHODS_GROUP = "forgetless.merge_methods"
 """The entry-point group a package declares its merge methods in."""
@@ -44,72 +43,57 @@ class Strict(StrictModel):
     """A merge config section (unknown keys, non-finite numbers, booleans for numbers refused)."""
 
 
-class TaskArithmeticParams(BaseModel):
+class TaskArithmeticParams(DocumentedModel):
     """Task arithmetic (Ilharco et al. 2023): ``θ = θ₀ + λ Σ_t w_t τ_t``."""
 
-    scaling: NonNegative = Field(
-        1.0,
-        description="λ on the weighted sum of task vectors (the paper's and mergekit's 1). Run "
-        "continually, 1 is sequential fine-tuning; the benchmarks pin 0.5.",
-    )
+    scaling: NonNegative = 1.0
+    """λ on the weighted sum of task vectors (the paper's and mergekit's 1). Run continually, 1 is
+    sequential fine-tuning; the benchmarks pin 0.5."""
 
 
-class TiesParams(BaseModel):
+class TiesParams(DocumentedModel):
     """TIES-merging (Yadav et al. 2023): trim, elect a sign, merge the agreeing entries."""
 
-    density: float = Field(
-        0.2, gt=0, le=1, description="k, the share of entries kept per tensor (paper: top-20%)."
-    )
-    scaling: NonNegative = Field(
-        1.0, description="λ on the merged task vector (paper: 1 without validation data)."
-    )
-    convention: Literal["paper", "mergekit"] = Field(
-        "paper",
-        description="paper: keep ⌈k·n⌉ entries of each weighted task vector, elect sgn(Σ) (0 where "
-        "the sum is 0), average the agreeing entries by count. mergekit (its ties method, 0.1.5): "
-        "keep ⌊k·n⌋ entries of each unweighted vector, weight them, elect + where the sum is ≥ 0, "
-        "and merge the agreeing ones as set by normalize.",
-    )
-    normalize: bool = Field(
-        True,
-        description="With convention mergekit: divide the agreeing weighted sum by the agreeing "
-        "weights (mergekit's normalize, default true); false keeps the sum.",
-    )
+    density: float = Field(0.2, gt=0, le=1)
+    """k, the share of entries kept per tensor (paper: top-20%)."""
+    scaling: NonNegative = 1.0
+    """λ on the merged task vector (paper: 1 without validation data)."""
+    convention: Literal["paper", "mergekit"] = "paper"
+    """paper: keep ⌈k·n⌉ entries of each weighted task vector, elect sgn(Σ) (0 where the sum is 0),
+    average the agreeing entries by count. mergekit (its ties method, 0.1.5): keep ⌊k·n⌋ entries
+    of each unweighted vector, weight them, elect + where the sum is ≥ 0, and merge the agreeing
+    ones as set by normalize."""
+    normalize: bool = True
+    """With convention mergekit: divide the agreeing weighted sum by the agreeing weights
+    (mergekit's normalize, default true); false keeps the sum."""
 
 
-class DareParams(BaseModel):
+class DareParams(DocumentedModel):
     """DARE (Yu et al. 2024): drop entries at random, rescale the rest, then task arithmetic."""
 
-    drop_rate: float = Field(0.9, ge=0, lt=1, description="p, the share of entries dropped.")
-    scaling: NonNegative = Field(1.0, description="λ on the weighted sum of the rescaled vectors.")
-    seed: int = Field(
-        0, ge=0, lt=2**32, description="Seed of the drop masks (per tensor and task)."
-    )
-    rescale: Literal["inverse", "l1", "none"] = Field(
-        "inverse",
-        description="How the kept entries are rescaled: inverse by 1/(1−p) (the paper's Eq. 3); "
-        "l1 so each tensor keeps its L1 norm (mergekit's rescale: true); none (rescale: false).",
-    )
-    elect_sign: bool = Field(
-        False,
-        description="After the drop, TIES's sign election in mergekit's convention and the sum "
-        "of the agreeing entries (mergekit's dare_ties); false: their weighted sum (dare_linear).",
-    )
-    normalize: bool = Field(
-        False,
-        description="Divide the merged sum by the sum of the (agreeing) weights (mergekit's "
-        "normalize; its dare methods default to false).",
-    )
+    drop_rate: float = Field(0.9, ge=0, lt=1)
+    """p, the share of entries dropped."""
+    scaling: NonNegative = 1.0
+    """λ on the weighted sum of the rescaled vectors."""
+    seed: int = Field(0, ge=0, lt=2**32)
+    """Seed of the drop masks (per tensor and task)."""
+    rescale: Literal["inverse", "l1", "none"] = "inverse"
+    """How the kept entries are rescaled: inverse by 1/(1−p) (the paper's Eq. 3); l1 so each tensor
+    keeps its L1 norm (mergekit's rescale: true); none (rescale: false)."""
+    elect_sign: bool = False
+    """After the drop, TIES's sign election in mergekit's convention and the sum of the agreeing
+    entries (mergekit's dare_ties); false: their weighted sum (dare_linear)."""
+    normalize: bool = False
+    """Divide the merged sum by the sum of the (agreeing) weights (mergekit's normalize; its dare
+    methods default to false)."""
 
 
-class OPCMParams(BaseModel):
+class OPCMParams(DocumentedModel):
     """OPCM (Tang et al. 2025): project each update off the merged update's leading subspace."""
 
-    alpha: Fraction = Field(
-        0.5,
-        description="α: the leading singular directions of the merged update holding this share "
-        "of its nuclear norm are protected (the authors' scripts use 0.5).",
-    )
+    alpha: Fraction = 0.5
+    """α: the leading singular directions of the merged update holding this share of its nuclear
+    norm are protected (the authors' scripts use 0.5)."""
 
 
 class MergeMethodConfig(Strict):
@@ -141,15 +125,16 @@ DropRate = Annotated[float, Field(ge=0, lt=1)]
 
 @register_merge_method
 class TaskArithmeticMerge(MergeMethodConfig, TaskArithmeticParams):
-    name: Literal["task_arithmetic"] = Field(description="θ = θ₀ + λ Σ w_t τ_t (Ilharco 2023).")
-    normalize: bool = Field(
-        False, description="Divide Σ w_t τ_t by Σ w_t before λ (mergekit's normalize)."
-    )
+    name: Literal["task_arithmetic"]
+    """θ = θ₀ + λ Σ w_t τ_t (Ilharco 2023)."""
+    normalize: bool = False
+    """Divide Σ w_t τ_t by Σ w_t before λ (mergekit's normalize)."""
 
 
 @register_merge_method
 class TiesMerge(MergeMethodConfig, TiesParams):
-    name: Literal["ties"] = Field(description="TIES-merging (Yadav et al. 2023).")
+    name: Literal["ties"]
+    """TIES-merging (Yadav et al. 2023)."""
     density: Density | list[Density] = Field(  # type: ignore[assignment]
         0.2, description="k, the share kept per tensor (paper: 0.2), or one per task in order."
     )
@@ -157,30 +142,31 @@ class TiesMerge(MergeMethodConfig, TiesParams):
 
 @register_merge_method
 class DareMerge(MergeMethodConfig, DareParams):
-    name: Literal["dare"] = Field(description="DARE then task arithmetic (Yu et al. 2024).")
+    name: Literal["dare"]
+    """DARE then task arithmetic (Yu et al. 2024)."""
     drop_rate: DropRate | list[DropRate] = Field(  # type: ignore[assignment]
         0.9, description="p, the share of entries dropped, or one per task in order."
     )
 
 
-class LinearParams(BaseModel):
+class LinearParams(DocumentedModel):
     """The linear merge (Wortsman et al. 2022, model soups): ``θ = Σ_t w_t θ_t / Σ_t w_t``."""
 
-    normalize: bool = Field(
-        True,
-        description="Divide by Σ w_t (a weighted mean, mergekit's default); false keeps the "
-        "weighted sum of the models.",
-    )
+    normalize: bool = True
+    """Divide by Σ w_t (a weighted mean, mergekit's default); false keeps the weighted sum of the
+    models."""
 
 
 @register_merge_method
 class LinearMerge(MergeMethodConfig, LinearParams):
-    name: Literal["linear"] = Field(description="Weighted mean of the models (model soups).")
+    name: Literal["linear"]
+    """Weighted mean of the models (model soups)."""
 
 
 @register_merge_method
 class OPCMMerge(MergeMethodConfig, OPCMParams):
-    name: Literal["opcm"] = Field(description="Orthogonal projection continual merging.")
+    name: Literal["opcm"]
+    """Orthogonal projection continual merging."""
 
 
 def merge_method_class(name: str) -> type[MergeMethodConfig] | None:
@@ -218,19 +204,21 @@ def _under(name: str, err: ValidationError) -> ValidationError:
 
 
 class MergeTask(Strict):
-    path: Path = Field(description="A full model folder (safetensors) or a PEFT adapter folder.")
-    weight: float = Field(1.0, description="w_t, this task's weight (OPCM ignores it).")
+    path: Path
+    """A full model folder (safetensors) or a PEFT adapter folder."""
+    weight: float = 1.0
+    """w_t, this task's weight (OPCM ignores it)."""
 
 
 class MergeConfig(Strict):
-    base_model: Path = Field(description="Local HF model folder the tasks were trained from.")
-    tasks: list[MergeTask] = Field(min_length=1, description="Task checkpoints, in order.")
-    method: SerializeAsAny[MergeMethodConfig] = Field(
-        description="Merge method and its parameters: {name: ..., its options}."
-    )
-    dtype: Literal["base", "float32", "bfloat16", "float16"] = Field(
-        "base", description="Output dtype; base keeps each tensor's dtype."
-    )
+    base_model: Path
+    """Local HF model folder the tasks were trained from."""
+    tasks: list[MergeTask] = Field(min_length=1)
+    """Task checkpoints, in order."""
+    method: SerializeAsAny[MergeMethodConfig]
+    """Merge method and its parameters: {name: ..., its options}."""
+    dtype: Literal["base", "float32", "bfloat16", "float16"] = "base"
+    """Output dtype; base keeps each tensor's dtype."""
 
     @field_validator("method", mode="before")
     @classmethod

@@ -35,14 +35,15 @@ from forgetless.methods.anchored_math import (
     kl_per_position,
     topk_anchor,
 )
-from forgetless.methods.papers import ANCHORED_LEARNING
+from forgetless.methods.papers import cite
 from forgetless.tasks.formatting import IGNORE_INDEX, Features, collate
 
 _DEFAULTS = "the public re-implementation cited in the toolkit's Anchored Learning issue"
 
 
 class AnchoredConfig(MethodConfig):
-    name: Literal["anchored"] = Field("anchored", description="Anchored Learning.")
+    name: Literal["anchored"] = "anchored"
+    """Anchored Learning."""
     alpha: Fraction = Field(
         0.5,
         description=f"α, the anchor's weight on the SFT reference (0: the student itself, "
@@ -63,55 +64,35 @@ class AnchoredConfig(MethodConfig):
         description=f"K, epochs over the task data fitting each anchor. Default 5 from "
         f"{_DEFAULTS}; ignored when inner_steps is set.",
     )
-    inner_steps: Count | None = Field(
-        None,
-        description="Optimizer steps per anchor, overriding inner_epochs: for a budget matched "
-        "to a baseline (e.g. T·inner_steps = its steps on the tiny demo). Toolkit option.",
-    )
-    top_k: Count = Field(
-        32,
-        description="Anchor entries cached per token (plus one tail bucket); exact when at least "
-        "the vocabulary size. Toolkit default (the paper forms the anchor on the fly).",
-    )
-    reference_from: Literal["current", "base"] = Field(
-        "current",
-        description="What the per-task SFT reference is trained from (the task's own plan): a "
-        "copy of the current model (in a single task, the paper's SFT of the model being "
-        "tuned) or the run's base model. Toolkit option.",
-    )
-    reference_path: str | None = Field(
-        None,
-        description="Load the reference from this save_pretrained folder instead of training "
-        "it; {task} and {index} are replaced by the task's name and 1-based index.",
-    )
-    student_init: Literal["current", "base"] = Field(
-        "current",
-        description="Where the student starts each task: the current model (continual), or the "
-        "run's base weights (full fine-tuning only). In the paper's single-task runs both are "
-        "the base model.",
-    )
-    cache_batch_size: Count | None = Field(
-        None,
-        description="Batch size of the no-grad passes that build each cache (default: the "
-        "task's batch size). Toolkit option.",
-    )
-    measure: bool = Field(
-        True,
-        description="Live step KL(p_θ(t+1)‖p_θ(t)) and residual KL(q_t‖p_θ(t+1)): keeps a frozen "
-        "snapshot of θ(t) and adds one forward of it per anchor. The bound is always recorded.",
-    )
-    anchor_pool: Literal["task", "drawn"] = Field(
-        "task",
-        description="What each anchor is formed over: task, the whole task data (the paper); "
-        "drawn, only the examples that anchor's inner steps draw (a fresh draw per anchor), "
-        "for budgets where T × inner_steps × batch covers a fraction of the task data. Toolkit "
-        "option.",
-    )
-    offload_frozen: bool = Field(
-        True,
-        description="On an accelerator, keep the frozen reference and snapshot in CPU memory "
-        "while the student trains, so an inner step holds only the student and the cache.",
-    )
+    inner_steps: Count | None = None
+    """Optimizer steps per anchor, overriding inner_epochs: for a budget matched to a baseline (e.g.
+    T·inner_steps = its steps on the tiny demo). Toolkit option."""
+    top_k: Count = 32
+    """Anchor entries cached per token (plus one tail bucket); exact when at least the vocabulary
+    size. Toolkit default (the paper forms the anchor on the fly)."""
+    reference_from: Literal["current", "base"] = "current"
+    """What the per-task SFT reference is trained from (the task's own plan): a copy of the current
+    model (in a single task, the paper's SFT of the model being tuned) or the run's base model.
+    Toolkit option."""
+    reference_path: str | None = None
+    """Load the reference from this save_pretrained folder instead of training it; {task} and
+    {index} are replaced by the task's name and 1-based index."""
+    student_init: Literal["current", "base"] = "current"
+    """Where the student starts each task: the current model (continual), or the run's base weights
+    (full fine-tuning only). In the paper's single-task runs both are the base model."""
+    cache_batch_size: Count | None = None
+    """Batch size of the no-grad passes that build each cache (default: the task's batch size).
+    Toolkit option."""
+    measure: bool = True
+    """Live step KL(p_θ(t+1)‖p_θ(t)) and residual KL(q_t‖p_θ(t+1)): keeps a frozen snapshot of θ(t)
+    and adds one forward of it per anchor. The bound is always recorded."""
+    anchor_pool: Literal["task", "drawn"] = "task"
+    """What each anchor is formed over: task, the whole task data (the paper); drawn, only the
+    examples that anchor's inner steps draw (a fresh draw per anchor), for budgets where T ×
+    inner_steps × batch covers a fraction of the task data. Toolkit option."""
+    offload_frozen: bool = True
+    """On an accelerator, keep the frozen reference and snapshot in CPU memory while the student
+    trains, so an inner step holds only the student and the cache."""
 
 
 @dataclass
@@ -172,10 +153,7 @@ def _finite(value: float) -> float | None:
 
 
 @declare_method(
-    "anchored",
-    AnchoredConfig,
-    capabilities={Capability.TRAIN_STAGE},
-    paper=ANCHORED_LEARNING,
+    AnchoredConfig, capabilities={Capability.TRAIN_STAGE}, paper=cite("anchored_learning")
 )
 class Anchored(Method[AnchoredConfig]):
     """Anchored Learning ("Stabilizing LLM Supervised Fine-Tuning via Explicit Distributional

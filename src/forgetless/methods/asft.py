@@ -5,37 +5,30 @@ from __future__ import annotations
 from typing import Any, ClassVar, Literal
 
 import torch
-from pydantic import Field
 
-from forgetless.contract.hooks import Batch, StepContext, TaskContext
-from forgetless.contract.method import Capability, Knob, Method, MethodConfig, Paper, declare_method
+from forgetless.contract.hooks import Batch, StepContext
+from forgetless.contract.method import Capability, Knob, MethodConfig, declare_method
 from forgetless.core.fields import NonNegative
-from forgetless.methods.base_reference import BaseReference
+from forgetless.methods.base_reference import AnchoredToBase
+from forgetless.methods.papers import cite
 from forgetless.methods.token_weighting import KLDirection, asft_loss, dft_loss
 
 
 class ASFTConfig(MethodConfig):
-    name: Literal["asft"] = Field("asft", description="Anchored SFT: DFT plus a KL to the base.")
-    alpha: NonNegative = Field(
-        0.1,
-        description="α, the weight of the KL anchor (0: DFT). Default 0.1 from LLaMA-Factory's "
-        "asft_alpha; NeMo-RL's kl_weight defaults to 0.03.",
-    )
-    direction: KLDirection = Field(
-        "forward",
-        description="forward: KL(p_base ‖ p_θ) over the full vocabulary (LLaMA-Factory's); "
-        "reverse: Schulman's k3 estimate of KL(p_θ ‖ p_base) from the target token's "
-        "log-probabilities alone (NeMo-RL's).",
-    )
+    name: Literal["asft"] = "asft"
+    """Anchored SFT: DFT plus a KL to the base."""
+    alpha: NonNegative = 0.1
+    """α, the weight of the KL anchor (0: DFT). Default 0.1 from LLaMA-Factory's asft_alpha;
+    NeMo-RL's kl_weight defaults to 0.03."""
+    direction: KLDirection = "forward"
+    """forward: KL(p_base ‖ p_θ) over the full vocabulary (LLaMA-Factory's); reverse: Schulman's k3
+    estimate of KL(p_θ ‖ p_base) from the target token's log-probabilities alone (NeMo-RL's)."""
 
 
 @declare_method(
-    "asft",
-    ASFTConfig,
-    capabilities={Capability.TASK_START, Capability.REPLACE_LOSS},
-    paper=Paper("Anchored Supervised Fine-Tuning", "Zhu et al.", 2025, "arXiv:2509.23753"),
+    ASFTConfig, capabilities={Capability.TASK_START, Capability.REPLACE_LOSS}, paper=cite("zhu2025")
 )
-class ASFT(Method[ASFTConfig]):
+class ASFT(AnchoredToBase[ASFTConfig]):
     """ASFT (Zhu et al. 2025, arXiv:2509.23753): the task loss becomes, per completion token,
     DFT's ``sg(p_θ(y_t)) · (−log p_θ(y_t))`` plus ``α · KL_t`` to the base model, a token mean.
     DFT tightens SFT's bound on the RL objective but lets the model drift; the KL anchors it.
@@ -45,18 +38,9 @@ class ASFT(Method[ASFTConfig]):
     the same completion window as the loop's logits.
     """
 
-    unsharded = None  # a loaded reference stays whole on each process, as KL-SFT's
-    tail_logits_ok = True  # its loss aligns labels by the logits' tail
     knob = Knob("alpha", keeps_more="higher", low=1e-4, high=1e3)
     """Under a budget: α, the KL weight."""
     smoke: ClassVar[dict[str, Any]] = {"alpha": 0.1}
-
-    def __init__(self, config: ASFTConfig) -> None:
-        super().__init__(config)
-        self.reference = BaseReference(self.name)
-
-    def on_task_start(self, ctx: TaskContext) -> None:
-        self.reference.start(ctx)
 
     def task_loss(self, batch: Batch, outputs: Any, ctx: StepContext) -> torch.Tensor:
         logits = outputs.logits

@@ -27,60 +27,44 @@ from forgetless.contract.hooks import (
     TaskContext,
     TaskEndContext,
 )
-from forgetless.contract.method import Capability, Knob, Method, MethodConfig, Paper, declare_method
+from forgetless.contract.method import Capability, Knob, Method, MethodConfig, declare_method
 from forgetless.core import sharding
 from forgetless.core.dtypes import DTYPES
 from forgetless.core.fields import Count, Fraction
 from forgetless.core.modules import trainable_parameters
+from forgetless.methods.papers import cite
 from forgetless.tasks.formatting import collate
 
 
 class AttributionGateConfig(MethodConfig):
-    name: Literal["attribution_gate"] = Field(
-        "attribution_gate", description="LRP-importance gating of updates (Liu et al. 2026)."
-    )
-    gate: Literal["update", "gradient"] = Field(
-        "update",
-        description="What 1 − R̄ scales. 'update' (default): the optimizer's step, weight decay "
-        "included. 'gradient': the gradient, as in the paper; under Adam a constant per-"
-        "coordinate gradient scale largely cancels between the two moments.",
-    )
-    top_fraction: float = Field(
-        0.01,
-        gt=0,
-        le=1,
-        description="Per tensor and sample, relevance is divided by the mean of its top "
-        "fraction of entries (top-K mean) and clipped at 1.",
-    )
-    log_scale: bool = Field(
-        True, description="Compress relevance as log1p(|R| / mean |R|) before normalizing."
-    )
-    sign: Sign = Field(
-        "abs",
-        description="'abs': |R|. 'positive': [R]+, the paper's choice (evidence for the "
-        "prediction only).",
-    )
-    scaling: Scaling = Field(
-        "topk_mean",
-        description="Per-sample normalisation: 'topk_mean' (divide by the top-fraction mean, "
-        "clip at 1) or 'quantile' (each weight's rank in its tensor, in [0, 1]).",
-    )
-    strength: Fraction = Field(1.0, description="s in the gate 1 − s·R̄ (1: the paper's gate).")
-    control: Literal["none", "permuted"] = Field(
-        "none",
-        description="'permuted': gate with R̄'s entries shuffled within each tensor (seeded), "
-        "the control that keeps the gate's strength and loses where it acts.",
-    )
-    max_samples: Count = Field(
-        64, description="Training examples scored at task end; the correct ones count."
-    )
-    map_dtype: Literal["float16", "bfloat16", "float32"] = Field(
-        "float16", description="Storage precision of the aggregated map R̄ (one value per weight)."
-    )
+    name: Literal["attribution_gate"] = "attribution_gate"
+    """LRP-importance gating of updates (Liu et al. 2026)."""
+    gate: Literal["update", "gradient"] = "update"
+    """What 1 − R̄ scales. 'update' (default): the optimizer's step, weight decay included.
+    'gradient': the gradient, as in the paper; under Adam a constant per-coordinate gradient
+    scale largely cancels between the two moments."""
+    top_fraction: float = Field(0.01, gt=0, le=1)
+    """Per tensor and sample, relevance is divided by the mean of its top fraction of entries (top-K
+    mean) and clipped at 1."""
+    log_scale: bool = True
+    """Compress relevance as log1p(|R| / mean |R|) before normalizing."""
+    sign: Sign = "abs"
+    """'abs': |R|. 'positive': [R]+, the paper's choice (evidence for the prediction only)."""
+    scaling: Scaling = "topk_mean"
+    """Per-sample normalisation: 'topk_mean' (divide by the top-fraction mean, clip at 1) or
+    'quantile' (each weight's rank in its tensor, in [0, 1])."""
+    strength: Fraction = 1.0
+    """s in the gate 1 − s·R̄ (1: the paper's gate)."""
+    control: Literal["none", "permuted"] = "none"
+    """'permuted': gate with R̄'s entries shuffled within each tensor (seeded), the control that
+    keeps the gate's strength and loses where it acts."""
+    max_samples: Count = 64
+    """Training examples scored at task end; the correct ones count."""
+    map_dtype: Literal["float16", "bfloat16", "float32"] = "float16"
+    """Storage precision of the aggregated map R̄ (one value per weight)."""
 
 
 @declare_method(
-    "attribution_gate",
     AttributionGateConfig,
     capabilities={
         Capability.UPDATE_GATE,
@@ -88,12 +72,7 @@ class AttributionGateConfig(MethodConfig):
         Capability.TASK_END,
         Capability.STATE,
     },
-    paper=Paper(
-        "Attribution-Guided Continual Learning for Large Language Models",
-        "Liu et al.",
-        2026,
-        "arXiv:2605.05285",
-    ),
+    paper=cite("liu2026"),
 )
 class AttributionGate(Method[AttributionGateConfig]):
     """Attribution-guided continual fine-tuning (Liu et al. 2026, "Attribution-Guided Continual

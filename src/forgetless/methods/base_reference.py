@@ -3,10 +3,13 @@ ASFT): under LoRA the model itself with its adapters switched off, else a frozen
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from torch import nn
 
 from forgetless.contract.hooks import Batch, RunInfo, StepContext, TaskContext
+from forgetless.contract.method import ConfigT, Method
 from forgetless.core.modules import evaluating, freeze
 from forgetless.methods.shared_prefix import SharedPrefix, agrees, shared_prefix
 
@@ -71,3 +74,18 @@ class BaseReference:
                     self.prefix.detach()
                     self.prefix = None
                 return full
+
+
+class AnchoredToBase(Method[ConfigT]):
+    """The shared part of the methods whose loss compares the model with the run's base model
+    (KL-SFT, ASFT): one ``BaseReference``, whose source is chosen again at each task's start."""
+
+    unsharded: ClassVar[str | None] = None  # the frozen reference stays whole on each process
+    tail_logits_ok = True  # their losses align labels by the logits' tail
+
+    def __init__(self, config: ConfigT) -> None:
+        super().__init__(config)
+        self.reference = BaseReference(self.name)
+
+    def on_task_start(self, ctx: TaskContext) -> None:
+        self.reference.start(ctx)

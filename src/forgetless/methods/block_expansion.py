@@ -13,14 +13,14 @@ import copy
 from typing import Any, ClassVar, Literal
 
 import torch
-from pydantic import Field
 from torch import nn
 
 from forgetless.contract.hooks import TaskContext
-from forgetless.contract.method import Capability, Method, MethodConfig, Paper, declare_method
+from forgetless.contract.method import Capability, Method, MethodConfig, declare_method
 from forgetless.core import registry
 from forgetless.core.fields import Count
 from forgetless.errors import ConfigError
+from forgetless.methods.papers import cite
 
 ZEROED = ("o_proj", "down_proj")
 """The projections that write a block's attention and MLP outputs into the residual stream."""
@@ -142,27 +142,18 @@ def train_only_new_blocks(model: nn.Module) -> None:
 
 
 class BlockExpansionConfig(MethodConfig):
-    name: Literal["block_expansion"] = Field(
-        "block_expansion", description="LLaMA Pro block expansion (train new identity blocks)."
-    )
-    num_new_blocks: Count | None = Field(
-        None,
-        description="Decoder blocks to insert, one above each of as many equal groups; must "
-        "divide the model's layer count. None: one per group of at least 4 layers, the paper's "
-        "ratio (LLaMA-2-7B's 32 blocks + 8, LLaMA-Factory's example --num_expand 8).",
-    )
+    name: Literal["block_expansion"] = "block_expansion"
+    """LLaMA Pro block expansion (train new identity blocks)."""
+    num_new_blocks: Count | None = None
+    """Decoder blocks to insert, one above each of as many equal groups; must divide the model's
+    layer count. None: one per group of at least 4 layers, the paper's ratio (LLaMA-2-7B's 32
+    blocks + 8, LLaMA-Factory's example --num_expand 8)."""
 
 
 @declare_method(
-    "block_expansion",
     BlockExpansionConfig,
     capabilities={Capability.MODEL_SETUP, Capability.TASK_START},
-    paper=Paper(
-        "LLaMA Pro: Progressive LLaMA with Block Expansion",
-        "Wu et al.",
-        2024,
-        "ACL, arXiv:2401.02415",
-    ),
+    paper=cite("wu2024"),
 )
 class BlockExpansion(Method[BlockExpansionConfig]):
     """LLaMA Pro's block expansion (Wu et al., 2024, arXiv:2401.02415).

@@ -5,31 +5,19 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import torch
-from pydantic import Field
 
 from forgetless.contract.hooks import Batch, StepContext
-from forgetless.contract.method import Capability, Knob, Method, MethodConfig, Paper, declare_method
+from forgetless.contract.method import Capability, Knob, Method, MethodConfig, declare_method
+from forgetless.methods.papers import cite
 from forgetless.methods.token_weighting import dft_loss
 
 
 class DFTConfig(MethodConfig):
-    name: Literal["dft"] = Field(
-        "dft", description="Dynamic Fine-Tuning: cross-entropy weighted by the token's probability."
-    )
+    name: Literal["dft"] = "dft"
+    """Dynamic Fine-Tuning: cross-entropy weighted by the token's probability."""
 
 
-@declare_method(
-    "dft",
-    DFTConfig,
-    capabilities={Capability.REPLACE_LOSS},
-    paper=Paper(
-        "On the Generalization of SFT: A Reinforcement Learning Perspective with Reward "
-        "Rectification",
-        "Wu et al.",
-        2025,
-        "arXiv:2508.05629",
-    ),
-)
+@declare_method(DFTConfig, capabilities={Capability.REPLACE_LOSS}, paper=cite("wu2025"))
 class DFT(Method[DFTConfig]):
     """DFT (Wu et al. 2025, arXiv:2508.05629): the task loss becomes
     ``−Σ_t sg(p_θ(y_t)) · log p_θ(y_t)`` over the completion tokens (``sg``: no gradient through

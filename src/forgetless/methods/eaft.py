@@ -8,39 +8,24 @@ import torch
 from pydantic import Field
 
 from forgetless.contract.hooks import Batch, StepContext
-from forgetless.contract.method import Capability, Knob, Method, MethodConfig, Paper, declare_method
+from forgetless.contract.method import Capability, Knob, Method, MethodConfig, declare_method
 from forgetless.core.fields import NonNegative
+from forgetless.methods.papers import cite
 from forgetless.methods.token_weighting import eaft_loss
 
 
 class EAFTConfig(MethodConfig):
-    name: Literal["eaft"] = Field(
-        "eaft", description="Entropy-Adaptive Fine-Tuning: cross-entropy gated by entropy."
-    )
-    alpha: NonNegative = Field(
-        1.0,
-        description="α, the power of the normalised entropy weight (0: plain cross-entropy). "
-        "Default 1 from LLaMA-Factory's eaft_alpha (the paper's linear gate).",
-    )
-    top_k: int = Field(
-        20,
-        ge=2,
-        description="k, the most likely next tokens the entropy is estimated from (and log k its "
-        "normaliser). Default 20 from the paper and LLaMA-Factory.",
-    )
+    name: Literal["eaft"] = "eaft"
+    """Entropy-Adaptive Fine-Tuning: cross-entropy gated by entropy."""
+    alpha: NonNegative = 1.0
+    """α, the power of the normalised entropy weight (0: plain cross-entropy). Default 1 from
+    LLaMA-Factory's eaft_alpha (the paper's linear gate)."""
+    top_k: int = Field(20, ge=2)
+    """k, the most likely next tokens the entropy is estimated from (and log k its normaliser).
+    Default 20 from the paper and LLaMA-Factory."""
 
 
-@declare_method(
-    "eaft",
-    EAFTConfig,
-    capabilities={Capability.REPLACE_LOSS},
-    paper=Paper(
-        "Entropy-Adaptive Fine-Tuning: Resolving Confident Conflicts to Mitigate Forgetting",
-        "Diao et al.",
-        2026,
-        "arXiv:2601.02151",
-    ),
-)
+@declare_method(EAFTConfig, capabilities={Capability.REPLACE_LOSS}, paper=cite("diao2026"))
 class EAFT(Method[EAFTConfig]):
     """EAFT (Diao et al. 2026, arXiv:2601.02151): the task loss becomes
     ``Σ_t (H_k(t) / log k)^α · (−log p_θ(y_t))`` over the completion tokens, a token mean, where

@@ -6,15 +6,15 @@ from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
 
 import torch
-from pydantic import Field
 from torch import nn
 
 from forgetless.contract.hooks import Batch, MethodState, ReduceOp, StepContext, TaskEndContext
-from forgetless.contract.method import Capability, Knob, Method, MethodConfig, Paper, declare_method
+from forgetless.contract.method import Capability, Knob, Method, MethodConfig, declare_method
 from forgetless.core import distributed, sharding
 from forgetless.core.fields import Count, Fraction, NonNegative
 from forgetless.core.modules import trainable_parameters
 from forgetless.engine.loop import causal_lm_loss
+from forgetless.methods.papers import cite
 from forgetless.tasks.formatting import Features, collate
 
 Tensors = Mapping[str, torch.Tensor]
@@ -65,35 +65,26 @@ def empirical_fisher(
 
 
 class EWCConfig(MethodConfig):
-    name: Literal["ewc"] = Field("ewc", description="Elastic weight consolidation (online).")
-    lam: NonNegative = Field(
-        1e5,
-        description="λ, the penalty strength. Kirkpatrick et al. tune it per benchmark; an LLM's "
-        "per-weight Fisher is ~‖g‖²/P (~1e-9 at 1B weights) and a task moves a weight ~1e-3, so "
-        "Σ F·Δθ² is ~1e-6 and λ≈1e5 puts the penalty at a few percent of the token loss.",
-    )
-    gamma: Fraction = Field(
-        1.0,
-        description="Decay of the old Fisher in F ← γ·F_old + F_new (Schwarz et al. 2018); "
-        "1.0 = plain accumulation over tasks.",
-    )
-    fisher_samples: Count = Field(
-        200, description="Training examples of the finished task used for the Fisher."
-    )
-    fisher_batch_size: Count = Field(
-        1,
-        description="Examples per Fisher gradient; 1 gives the exact per-example empirical Fisher "
-        "of Kirkpatrick et al., more is faster and squares mini-batch means instead.",
-    )
+    name: Literal["ewc"] = "ewc"
+    """Elastic weight consolidation (online)."""
+    lam: NonNegative = 1e5
+    """λ, the penalty strength. Kirkpatrick et al. tune it per benchmark; an LLM's per-weight Fisher
+    is ~‖g‖²/P (~1e-9 at 1B weights) and a task moves a weight ~1e-3, so Σ F·Δθ² is ~1e-6 and
+    λ≈1e5 puts the penalty at a few percent of the token loss."""
+    gamma: Fraction = 1.0
+    """Decay of the old Fisher in F ← γ·F_old + F_new (Schwarz et al. 2018); 1.0 = plain
+    accumulation over tasks."""
+    fisher_samples: Count = 200
+    """Training examples of the finished task used for the Fisher."""
+    fisher_batch_size: Count = 1
+    """Examples per Fisher gradient; 1 gives the exact per-example empirical Fisher of Kirkpatrick
+    et al., more is faster and squares mini-batch means instead."""
 
 
 @declare_method(
-    "ewc",
     EWCConfig,
     capabilities={Capability.LOSS_TERMS, Capability.TASK_END, Capability.STATE},
-    paper=Paper(
-        "Overcoming catastrophic forgetting in neural networks", "Kirkpatrick et al.", 2017, "PNAS"
-    ),
+    paper=cite("kirkpatrick2017"),
 )
 class EWC(Method[EWCConfig]):
     """Elastic weight consolidation (Kirkpatrick et al. 2017, "Overcoming catastrophic forgetting

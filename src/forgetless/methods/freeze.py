@@ -50,25 +50,19 @@ def trainable_layer_ids(num_layers: int, top: int, layers: list[int] | None) -> 
 
 
 class FreezeConfig(MethodConfig):
-    name: Literal["freeze"] = Field("freeze", description="Layer freezing (train chosen layers).")
-    train_top_layers: Count = Field(
-        1,
-        description="Train only this many of the highest decoder layers (ignored when `layers` "
-        "is set). No paper fixes a count; 1 is the most conservative setting that still learns.",
-    )
-    layers: list[int] | None = Field(
-        None,
-        min_length=1,
-        description="Explicit 0-based decoder layer indices to train; overrides train_top_layers.",
-    )
-    freeze_embeddings: bool = Field(
-        True,
-        description="Also freeze what lies outside the decoder layers (embeddings, final norm, "
-        "lm_head); when false those keep whatever trainability the fine-tuning mode gave them.",
-    )
+    name: Literal["freeze"] = "freeze"
+    """Layer freezing (train chosen layers)."""
+    train_top_layers: Count = 1
+    """Train only this many of the highest decoder layers (ignored when `layers` is set). No paper
+    fixes a count; 1 is the most conservative setting that still learns."""
+    layers: list[int] | None = Field(None, min_length=1)
+    """Explicit 0-based decoder layer indices to train; overrides train_top_layers."""
+    freeze_embeddings: bool = True
+    """Also freeze what lies outside the decoder layers (embeddings, final norm, lm_head); when
+    false those keep whatever trainability the fine-tuning mode gave them."""
 
 
-@declare_method("freeze", FreezeConfig, capabilities={Capability.TASK_START})
+@declare_method(FreezeConfig, capabilities={Capability.TASK_START})
 class Freeze(Method[FreezeConfig]):
     """Layer freezing, the heuristic baseline that parameter-selective methods compare against.
 

@@ -5,14 +5,13 @@ from __future__ import annotations
 from typing import Any, ClassVar, Literal
 
 import torch
-from pydantic import Field
 
-from forgetless.contract.hooks import Batch, StepContext, TaskContext
-from forgetless.contract.method import Capability, Knob, Method, MethodConfig, declare_method
+from forgetless.contract.hooks import Batch, StepContext
+from forgetless.contract.method import Capability, Knob, MethodConfig, declare_method
 from forgetless.core.fields import NonNegative
 from forgetless.eval import metrics
-from forgetless.methods.base_reference import BaseReference
-from forgetless.methods.papers import ANCHORED_LEARNING
+from forgetless.methods.base_reference import AnchoredToBase
+from forgetless.methods.papers import cite
 from forgetless.tasks.formatting import IGNORE_INDEX
 
 Direction = Literal["model_to_base", "base_to_model"]
@@ -38,26 +37,22 @@ def token_kl(
 
 
 class KLSFTConfig(MethodConfig):
-    name: Literal["kl_sft"] = Field("kl_sft", description="SFT + static KL to the base model.")
-    beta: NonNegative = Field(
-        0.1,
-        description="β, the weight of the KL term. The Anchored Learning summary names KL-SFT "
-        "as a baseline without a value; 0.1 is a moderate default, tune it per run.",
-    )
-    direction: Direction = Field(
-        "model_to_base",
-        description="model_to_base: KL(p_θ ‖ p_base), the reverse (mode-seeking) KL of KL-"
-        "regularised fine-tuning; base_to_model: KL(p_base ‖ p_θ), a fixed-teacher distillation.",
-    )
+    name: Literal["kl_sft"] = "kl_sft"
+    """SFT + static KL to the base model."""
+    beta: NonNegative = 0.1
+    """β, the weight of the KL term. The Anchored Learning summary names KL-SFT as a baseline
+    without a value; 0.1 is a moderate default, tune it per run."""
+    direction: Direction = "model_to_base"
+    """model_to_base: KL(p_θ ‖ p_base), the reverse (mode-seeking) KL of KL-regularised fine-tuning;
+    base_to_model: KL(p_base ‖ p_θ), a fixed-teacher distillation."""
 
 
 @declare_method(
-    "kl_sft",
     KLSFTConfig,
     capabilities={Capability.TASK_START, Capability.LOSS_TERMS},
-    paper=ANCHORED_LEARNING,
+    paper=cite("anchored_learning"),
 )
-class KLSFT(Method[KLSFTConfig]):
+class KLSFT(AnchoredToBase[KLSFTConfig]):
     """KL-SFT, a baseline of Anchored Learning ("Stabilizing LLM Supervised Fine-Tuning via
     Explicit Distributional Control"; summary in shared/papers/002): the task's cross-entropy
     plus ``β · mean_t KL(p_θ(·|x_<t) ‖ p_base(·|x_<t))`` over completion tokens, a *static*
@@ -71,19 +66,9 @@ class KLSFT(Method[KLSFTConfig]):
     forward per micro-batch, over the same completion window as the loop's logits.
     """
 
-    # Runs beside FSDP2 shards: the frozen reference stays whole on each process.
-    unsharded = None
-    tail_logits_ok = True  # its KL is over the completion tokens, aligned by the tail
     knob = Knob("beta", keeps_more="higher", low=1e-4, high=1e3)
     """Under a budget: β, the KL weight."""
     smoke: ClassVar[dict[str, Any]] = {"beta": 0.1}
-
-    def __init__(self, config: KLSFTConfig) -> None:
-        super().__init__(config)
-        self.reference = BaseReference(self.name)
-
-    def on_task_start(self, ctx: TaskContext) -> None:
-        self.reference.start(ctx)
 
     def loss_terms(self, batch: Batch, outputs: Any, ctx: StepContext) -> dict[str, torch.Tensor]:
         logits = outputs.logits

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field
-
 from forgetless.contract.hooks import Stage
 from forgetless.contract.method import Capability, Knob, Method, MethodConfig, declare_method
 from forgetless.contract.plan import TrainStats
 from forgetless.core.fields import Positive
-from forgetless.methods.papers import ANCHORED_LEARNING
+from forgetless.methods.papers import cite
 
 
 def scaled_lr(lr: float, lr_scale: float) -> float:
@@ -19,20 +17,14 @@ def scaled_lr(lr: float, lr_scale: float) -> float:
 
 
 class LowLRConfig(MethodConfig):
-    name: Literal["low_lr"] = Field("low_lr", description="Low-SFT: SFT at a reduced LR.")
-    lr_scale: Positive = Field(
-        0.1,
-        description="Factor on each task's learning rate. The Anchored Learning summary gives "
-        "no value for Low-SFT; 0.1 (one decade lower) is this toolkit's default.",
-    )
+    name: Literal["low_lr"] = "low_lr"
+    """Low-SFT: SFT at a reduced LR."""
+    lr_scale: Positive = 0.1
+    """Factor on each task's learning rate. The Anchored Learning summary gives no value for
+    Low-SFT; 0.1 (one decade lower) is this toolkit's default."""
 
 
-@declare_method(
-    "low_lr",
-    LowLRConfig,
-    capabilities={Capability.TRAIN_STAGE},
-    paper=ANCHORED_LEARNING,
-)
+@declare_method(LowLRConfig, capabilities={Capability.TRAIN_STAGE}, paper=cite("anchored_learning"))
 class LowLR(Method[LowLRConfig]):
     """Low-SFT, a baseline of Anchored Learning ("Stabilizing LLM Supervised Fine-Tuning via
     Explicit Distributional Control"; summary in shared/papers/002): plain SFT whose learning

@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field
-
 from forgetless.contract.hooks import Stage
 from forgetless.contract.method import Capability, Method, MethodConfig, declare_method
 from forgetless.contract.plan import TrainStats
@@ -30,10 +28,11 @@ def joint_steps(steps_per_task: int, n_tasks: int) -> int:
 
 
 class MTLConfig(MethodConfig):
-    name: Literal["mtl"] = Field("mtl", description="Joint multi-task training (upper reference).")
+    name: Literal["mtl"] = "mtl"
+    """Joint multi-task training (upper reference)."""
 
 
-@declare_method("mtl", MTLConfig, capabilities={Capability.TRAIN_STAGE})
+@declare_method(MTLConfig, capabilities={Capability.TRAIN_STAGE})
 class MTL(Method[MTLConfig]):
     """Joint multi-task training (MTL): not continual, the reference continual methods aim for.
 

@@ -12,13 +12,13 @@ from typing import Any, Literal
 
 import torch
 from peft.tuners.lora import LoraLayer
-from pydantic import Field
 from torch import Tensor, nn
 
 from forgetless.contract.hooks import StepContext, TaskContext
-from forgetless.contract.method import Capability, Method, MethodConfig, Paper, declare_method
+from forgetless.contract.method import Capability, Method, MethodConfig, declare_method
 from forgetless.core import distributed, sharding
 from forgetless.core.fields import NonNegative
+from forgetless.methods.papers import cite
 
 # --- the math ---------------------------------------------------------------------------------
 
@@ -76,29 +76,17 @@ def lora_a_matrices(model: nn.Module, adapters: list[str]) -> dict[str, list[Ten
 
 
 class OLoRAConfig(MethodConfig):
-    name: Literal["o_lora"] = Field("o_lora", description="Orthogonal-subspace LoRA (O-LoRA).")
-    lambda_orth: NonNegative = Field(
-        0.5,
-        description="Weight λ1 of the orthogonality loss between the new adapter's A and the "
-        "past adapters' A (0.5 in the authors' scripts for T5 and LLaMA).",
-    )
-    lambda_l2: NonNegative = Field(
-        0.0,
-        description="Weight λ2 of the squared L2 norm of the new adapter's A and B (0 in the "
-        "authors' scripts).",
-    )
+    name: Literal["o_lora"] = "o_lora"
+    """Orthogonal-subspace LoRA (O-LoRA)."""
+    lambda_orth: NonNegative = 0.5
+    """Weight λ1 of the orthogonality loss between the new adapter's A and the past adapters' A (0.5
+    in the authors' scripts for T5 and LLaMA)."""
+    lambda_l2: NonNegative = 0.0
+    """Weight λ2 of the squared L2 norm of the new adapter's A and B (0 in the authors' scripts)."""
 
 
 @declare_method(
-    "o_lora",
-    OLoRAConfig,
-    capabilities={Capability.TASK_START, Capability.LOSS_TERMS},
-    paper=Paper(
-        "Orthogonal Subspace Learning for Language Model Continual Learning",
-        "Wang et al.",
-        2023,
-        "Findings of EMNLP, arXiv:2310.14152",
-    ),
+    OLoRAConfig, capabilities={Capability.TASK_START, Capability.LOSS_TERMS}, paper=cite("wang2023")
 )
 class OLoRA(Method[OLoRAConfig]):
     """Orthogonal subspace learning for continual learning (Wang et al., 2023).

@@ -4,31 +4,22 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field
-
 from forgetless.contract.hooks import MethodState
-from forgetless.contract.method import Capability, MethodConfig, Paper, declare_method
+from forgetless.contract.method import Capability, MethodConfig, declare_method
 from forgetless.merging.blocks import is_block_matrix
 from forgetless.merging.config import OPCMParams
 from forgetless.merging.opcm import opcm_accumulate, opcm_lambda
 from forgetless.methods.continual_merge import ContinualMerge, Tensors, kept_whole
+from forgetless.methods.papers import cite
 
 
 class OPCMConfig(MethodConfig, OPCMParams):
-    name: Literal["opcm"] = Field("opcm", description="Orthogonal projection continual merging.")
+    name: Literal["opcm"] = "opcm"
+    """Orthogonal projection continual merging."""
 
 
 @declare_method(
-    "opcm",
-    OPCMConfig,
-    capabilities={Capability.TRAIN_STAGE, Capability.STATE},
-    paper=Paper(
-        "Merging Models on the Fly Without Retraining: A Sequential Approach to Scalable "
-        "Continual Model Merging",
-        "Tang et al.",
-        2025,
-        "arXiv:2501.09522",
-    ),
+    OPCMConfig, capabilities={Capability.TRAIN_STAGE, Capability.STATE}, paper=cite("tang2025")
 )
 class OPCM(ContinualMerge[OPCMConfig]):
     """OPCM (Tang et al. 2025, "Merging Models on the Fly Without Retraining: A Sequential

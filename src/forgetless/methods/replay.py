@@ -18,7 +18,6 @@ from forgetless.contract.method import (
     Method,
     MethodConfig,
     MethodState,
-    Paper,
     StepContext,
     TaskContext,
     TaskEndContext,
@@ -26,6 +25,7 @@ from forgetless.contract.method import (
 )
 from forgetless.core.fields import Count, Fraction
 from forgetless.errors import DataError
+from forgetless.methods.papers import cite
 from forgetless.strict import StrictModel
 from forgetless.tasks.base import Example
 from forgetless.tasks.formatting import Features, encode_training_set
@@ -188,17 +188,14 @@ def general_features(source: str, tokenizer: Any, max_length: int, limit: int) -
 class GeneralReplay(StrictModel):
     """Where general data comes from and what share of each batch it takes."""
 
-    source: str = Field(
-        description="'prose' (the shipped prose corpus, less the paragraphs KL is measured on), "
-        "a JSONL file (prompt/completion or messages per line), or a dataset folder "
-        "(datasets save_to_disk, or json/jsonl/parquet/csv files)."
-    )
-    ratio: float = Field(
-        0.25, gt=0.0, le=1.0, description="Fraction of each micro-batch replaced by general data."
-    )
-    max_examples: Count = Field(
-        1000, description="General examples kept to draw from (the source's first ones)."
-    )
+    source: str
+    """'prose' (the shipped prose corpus, less the paragraphs KL is measured on), a JSONL file
+    (prompt/completion or messages per line), or a dataset folder (datasets save_to_disk, or
+    json/jsonl/parquet/csv files)."""
+    ratio: float = Field(0.25, gt=0.0, le=1.0)
+    """Fraction of each micro-batch replaced by general data."""
+    max_examples: Count = 1000
+    """General examples kept to draw from (the source's first ones)."""
 
     @field_validator("source")
     @classmethod
@@ -210,28 +207,19 @@ class GeneralReplay(StrictModel):
 
 
 class ReplayConfig(MethodConfig):
-    name: Literal["replay"] = Field("replay", description="Experience replay.")
-    buffer_size: int = Field(
-        200, ge=0, description="Examples kept in the episodic memory, over all past tasks."
-    )
-    ratio: Fraction = Field(
-        0.25,
-        description="Fraction of each micro-batch replaced by memory examples (CLEAR uses 0.5).",
-    )
-    seed: int = Field(
-        0,
-        ge=0,
-        lt=2**32,
-        description="Seed of the reservoir and the replay draws (with the run's).",
-    )
-    past_tasks: bool = Field(
-        True, description="Replay the memory of past tasks (false: general data only)."
-    )
-    general: GeneralReplay | None = Field(
-        None,
-        description="General data from outside the sequence, mixed into every batch beside or "
-        "instead of past tasks: {source: prose|PATH, ratio: 0.25}.",
-    )
+    name: Literal["replay"] = "replay"
+    """Experience replay."""
+    buffer_size: int = Field(200, ge=0)
+    """Examples kept in the episodic memory, over all past tasks."""
+    ratio: Fraction = 0.25
+    """Fraction of each micro-batch replaced by memory examples (CLEAR uses 0.5)."""
+    seed: int = Field(0, ge=0, lt=2**32)
+    """Seed of the reservoir and the replay draws (with the run's)."""
+    past_tasks: bool = True
+    """Replay the memory of past tasks (false: general data only)."""
+    general: GeneralReplay | None = None
+    """General data from outside the sequence, mixed into every batch beside or instead of past
+    tasks: {source: prose|PATH, ratio: 0.25}."""
 
     @model_validator(mode="after")
     def _something_to_replay(self) -> ReplayConfig:
@@ -245,10 +233,9 @@ class ReplayConfig(MethodConfig):
 
 
 @declare_method(
-    "replay",
     ReplayConfig,
     capabilities={Capability.BATCH_TRANSFORM, Capability.TASK_END, Capability.STATE},
-    paper=Paper("Experience Replay for Continual Learning", "Rolnick et al.", 2019, "NeurIPS"),
+    paper=cite("rolnick2019"),
 )
 class Replay(Method[ReplayConfig]):
     """Experience replay with a reservoir-sampled episodic memory.

@@ -15,12 +15,13 @@ from torch import nn
 from transformers import PrinterCallback, TrainerCallback
 
 from forgetless.contract.hooks import Stage
-from forgetless.contract.method import Capability, Method, MethodConfig, Paper, declare_method
+from forgetless.contract.method import Capability, Method, MethodConfig, declare_method
 from forgetless.contract.plan import TrainStats
 from forgetless.core.fields import Count, NonNegative, Positive
 from forgetless.engine.loop import steps_for_epochs
 from forgetless.engine.resources import peak_memory_mb
 from forgetless.errors import ConfigError
+from forgetless.methods.papers import cite
 from forgetless.tasks.base import Scorer, Task
 
 EPOCHS_DIR = "epochs"
@@ -28,58 +29,45 @@ _DR_GRPO = "Dr.GRPO (Liu et al. 2025, 'Understanding R1-Zero-Like Training')"
 
 
 class RLConfig(MethodConfig):
-    name: Literal["rl"] = Field("rl", description="SFT then Dr.GRPO on each task.")
-    sft_first: bool = Field(
-        True,
-        description="Train the task by SFT (the task's own train plan, through the shared loop) "
-        "before RL on the same task: base → SFT → RL, as in the circuit-retention paper "
-        "(shared/papers/000). false: RL only, from the model the task is given.",
-    )
-    rl_epochs: Positive = Field(
-        1.0,
-        description="Passes of RL over the task's training prompts (the paper runs 2 epochs); "
-        "ignored when rl_steps is set.",
-    )
-    rl_steps: Count | None = Field(
-        None, description="RL optimizer steps in all, overriding rl_epochs."
-    )
-    rl_prompts: Count | None = Field(
-        None, description="Use only the first N training prompts for RL (default: all)."
-    )
-    prompts_per_step: Count = Field(
-        8, description="Prompts per RL step; each is sampled group_size times."
-    )
+    name: Literal["rl"] = "rl"
+    """SFT then Dr.GRPO on each task."""
+    sft_first: bool = True
+    """Train the task by SFT (the task's own train plan, through the shared loop) before RL on the
+    same task: base → SFT → RL, as in the circuit-retention paper (shared/papers/000). false: RL
+    only, from the model the task is given."""
+    rl_epochs: Positive = 1.0
+    """Passes of RL over the task's training prompts (the paper runs 2 epochs); ignored when
+    rl_steps is set."""
+    rl_steps: Count | None = None
+    """RL optimizer steps in all, overriding rl_epochs."""
+    rl_prompts: Count | None = None
+    """Use only the first N training prompts for RL (default: all)."""
+    prompts_per_step: Count = 8
+    """Prompts per RL step; each is sampled group_size times."""
     group_size: int = Field(
         8, ge=2, description=f"G, completions sampled per prompt (the group). {_DR_GRPO} uses 8."
     )
-    max_completion_length: Count | None = Field(
-        None,
-        description="Generation length of a completion in tokens (default: the task's "
-        "max_new_tokens); also the Dr.GRPO loss's constant normaliser.",
-    )
-    temperature: Positive = Field(1.0, description="Sampling temperature of the rollouts.")
-    rl_lr: Positive | None = Field(
-        None, description="RL learning rate (default: the task's SFT learning rate)."
-    )
+    max_completion_length: Count | None = None
+    """Generation length of a completion in tokens (default: the task's max_new_tokens); also the
+    Dr.GRPO loss's constant normaliser."""
+    temperature: Positive = 1.0
+    """Sampling temperature of the rollouts."""
+    rl_lr: Positive | None = None
+    """RL learning rate (default: the task's SFT learning rate)."""
     beta: NonNegative = Field(
         0.0,
         description=f"Weight of the KL penalty to the model RL starts from. 0 in {_DR_GRPO}.",
     )
-    epsilon: Positive = Field(0.2, description="PPO clipping range of the ratio (TRL default).")
-    partial_credit: float = Field(
-        0.0,
-        ge=0,
-        lt=1,
-        description="Reward of a wrong answer: this weight times the share of reference "
-        "characters matched at the same position (the built-in tasks score exact match only, "
-        "so 0 keeps the scorer's 0/1 reward, as in the paper). Toolkit option.",
-    )
-    save_epochs: bool = Field(
-        True,
-        description="Save the model (a Hugging Face folder) at the task's start and after each "
-        "SFT and RL epoch, under OUT/epochs/task-NN-NAME/{start,sft-epoch-E,rl-epoch-E}: the "
-        "checkpoints `forgetless diagnose circuits` compares.",
-    )
+    epsilon: Positive = 0.2
+    """PPO clipping range of the ratio (TRL default)."""
+    partial_credit: float = Field(0.0, ge=0, lt=1)
+    """Reward of a wrong answer: this weight times the share of reference characters matched at the
+    same position (the built-in tasks score exact match only, so 0 keeps the scorer's 0/1 reward,
+    as in the paper). Toolkit option."""
+    save_epochs: bool = True
+    """Save the model (a Hugging Face folder) at the task's start and after each SFT and RL epoch,
+    under OUT/epochs/task-NN-NAME/{start,sft-epoch-E,rl-epoch-E}: the checkpoints `forgetless
+    diagnose circuits` compares."""
 
 
 def char_agreement(prediction: str, reference: str) -> float:
@@ -157,14 +145,7 @@ def _import_trl() -> Any:
     return trl
 
 
-@declare_method(
-    "rl",
-    RLConfig,
-    capabilities={Capability.TRAIN_STAGE},
-    paper=Paper(
-        "Mechanistic origins of catastrophic forgetting: why RL preserves circuits better than SFT?"
-    ),
-)
+@declare_method(RLConfig, capabilities={Capability.TRAIN_STAGE}, paper=cite("rl_circuits"))
 class RL(Method[RLConfig]):
     """Base → SFT → RL per task, after "Mechanistic origins of catastrophic forgetting: why RL
     preserves circuits better than SFT?" (summary in shared/papers/000): SFT through the shared

@@ -20,12 +20,13 @@ from pydantic import Field
 from torch import Tensor
 
 from forgetless.contract.hooks import Batch, MethodState, StepContext, TaskContext, TaskEndContext
-from forgetless.contract.method import Capability, Knob, Method, MethodConfig, Paper, declare_method
+from forgetless.contract.method import Capability, Knob, Method, MethodConfig, declare_method
 from forgetless.core import distributed
 from forgetless.core.dtypes import DTYPES
 from forgetless.core.fields import Count, Positive
 from forgetless.engine.loop import causal_lm_loss
 from forgetless.errors import ConfigError
+from forgetless.methods.papers import cite
 from forgetless.sae.activations import (
     MLPTap,
     TrainedSAE,
@@ -242,88 +243,59 @@ def anchor_bytes_per_token(d: int, dtype: torch.dtype, vocab_size: int) -> int:
 
 
 class SAEFDConfig(MethodConfig):
-    name: Literal["sae_fd"] = Field("sae_fd", description="Feature distillation in SAE space.")
-    anchor_samples: Count = Field(
-        128,
-        description="N_a, anchor samples captured per finished task (training examples). The "
-        "paper's summary calls the set small without a number.",
-    )
-    anchor_batch_fraction: float = Field(
-        0.25,
-        gt=0,
-        le=4,
-        description="Anchor samples drawn per step, as a fraction of the task micro-batch "
-        "(0.25: a quarter).",
-    )
-    anchor_dtype: AnchorDtype = Field(
-        "float16",
-        description="Storage type of the anchors' MLP outputs: float16 is half of float32's bytes "
-        "(bfloat16 for models whose MLP outputs exceed float16's range).",
-    )
-    terms: Literal["cos+mag", "cos", "mag"] = Field(
-        "cos+mag", description="L_FD = L_cos + L_mag (the paper), or one term (ablations)."
-    )
-    space: Literal["sae", "dense", "dense_mse"] = Field(
-        "sae",
-        description="sae: distil through the frozen SAE (the paper); dense: the same L_cos + "
-        "L_mag form on the MLP outputs themselves (every coordinate active: only the space "
-        "changes); dense_mse: one raw MSE on the MLP outputs (the loss form changes too). The "
-        "dense spaces need no SAE.",
-    )
-    adaptive: bool = Field(
-        True, description="Steer λ by an EMA toward the share rho (the paper); false: fixed λ."
-    )
-    lam_start: Literal["max", "carry"] = Field(
-        "max",
-        description="Adaptive λ at a task's start: max = lam_max, then the EMA relaxes it as "
-        "L_task falls (the paper: λ high when a task starts, when forgetting is likeliest); "
-        "carry = the value the last task ended with.",
-    )
-    lam: Positive = Field(
-        1.0,
-        description="λ when adaptive is false (the paper's fixed-λ ablation uses 1.0), and the "
-        "starting λ of the EMA.",
-    )
-    rho: float = Field(
-        0.15,
-        gt=0,
-        lt=1,
-        description="Target share ρ = λL_FD / (λL_FD + L_task); 0.15 from a public description of "
-        "the paper.",
-    )
-    ema: float = Field(
-        0.05, gt=0, le=1, description="EMA rate η of λ ← (1−η)λ + ηλ*; 0.05 (same source)."
-    )
-    lam_min: Positive = Field(0.2, description="Lower clip of λ; 0.2 (same source).")
-    lam_max: Positive = Field(10.0, description="Upper clip of λ; 10 (same source).")
-    sae_path: str | None = Field(
-        None,
-        description="Folder with sae.safetensors + sae_config.json (from `forgetless sae train`); "
-        "null: train one on the run's base model at first use and cache it.",
-    )
-    sae_cache: Literal["shared", "run"] = Field(
-        "shared",
-        description="Where an SAE trained at first use is kept: shared = $FORGETLESS_CACHE/sae/"
-        "<base model + settings> (reused by every run on that base), run = <out>/sae.",
-    )
+    name: Literal["sae_fd"] = "sae_fd"
+    """Feature distillation in SAE space."""
+    anchor_samples: Count = 128
+    """N_a, anchor samples captured per finished task (training examples). The paper's summary calls
+    the set small without a number."""
+    anchor_batch_fraction: float = Field(0.25, gt=0, le=4)
+    """Anchor samples drawn per step, as a fraction of the task micro-batch (0.25: a quarter)."""
+    anchor_dtype: AnchorDtype = "float16"
+    """Storage type of the anchors' MLP outputs: float16 is half of float32's bytes (bfloat16 for
+    models whose MLP outputs exceed float16's range)."""
+    terms: Literal["cos+mag", "cos", "mag"] = "cos+mag"
+    """L_FD = L_cos + L_mag (the paper), or one term (ablations)."""
+    space: Literal["sae", "dense", "dense_mse"] = "sae"
+    """sae: distil through the frozen SAE (the paper); dense: the same L_cos + L_mag form on the MLP
+    outputs themselves (every coordinate active: only the space changes); dense_mse: one raw MSE
+    on the MLP outputs (the loss form changes too). The dense spaces need no SAE."""
+    adaptive: bool = True
+    """Steer λ by an EMA toward the share rho (the paper); false: fixed λ."""
+    lam_start: Literal["max", "carry"] = "max"
+    """Adaptive λ at a task's start: max = lam_max, then the EMA relaxes it as L_task falls (the
+    paper: λ high when a task starts, when forgetting is likeliest); carry = the value the last
+    task ended with."""
+    lam: Positive = 1.0
+    """λ when adaptive is false (the paper's fixed-λ ablation uses 1.0), and the starting λ of the
+    EMA."""
+    rho: float = Field(0.15, gt=0, lt=1)
+    """Target share ρ = λL_FD / (λL_FD + L_task); 0.15 from a public description of the paper."""
+    ema: float = Field(0.05, gt=0, le=1)
+    """EMA rate η of λ ← (1−η)λ + ηλ*; 0.05 (same source)."""
+    lam_min: Positive = 0.2
+    """Lower clip of λ; 0.2 (same source)."""
+    lam_max: Positive = 10.0
+    """Upper clip of λ; 10 (same source)."""
+    sae_path: str | None = None
+    """Folder with sae.safetensors + sae_config.json (from `forgetless sae train`); null: train one
+    on the run's base model at first use and cache it."""
+    sae_cache: Literal["shared", "run"] = "shared"
+    """Where an SAE trained at first use is kept: shared = $FORGETLESS_CACHE/sae/<base model +
+    settings> (reused by every run on that base), run = <out>/sae."""
     sae: SAETrainConfig = Field(
         default_factory=SAETrainConfig,  # type: ignore[arg-type]
         description="How that SAE is trained (expansion, λ_sparse, steps, data).",
     )
-    anchor_forward: Literal["fold", "separate"] = Field(
-        "fold",
-        description="fold: the step's anchor samples join the task micro-batch (no labelled "
-        "token, so the cross-entropy is unchanged) and one forward pass serves both; separate: "
-        "a second forward on the anchors that stops at the last MLP, cheaper when the LM head "
-        "dominates a step (very large vocabularies). The loss is the same either way.",
-    )
-    seed: int = Field(
-        0, ge=0, lt=2**32, description="Seed of the anchor choice and draws (with the run's)."
-    )
+    anchor_forward: Literal["fold", "separate"] = "fold"
+    """fold: the step's anchor samples join the task micro-batch (no labelled token, so the
+    cross-entropy is unchanged) and one forward pass serves both; separate: a second forward on
+    the anchors that stops at the last MLP, cheaper when the LM head dominates a step (very large
+    vocabularies). The loss is the same either way."""
+    seed: int = Field(0, ge=0, lt=2**32)
+    """Seed of the anchor choice and draws (with the run's)."""
 
 
 @declare_method(
-    "sae_fd",
     SAEFDConfig,
     capabilities={
         Capability.BATCH_TRANSFORM,
@@ -332,12 +304,7 @@ class SAEFDConfig(MethodConfig):
         Capability.TASK_END,
         Capability.STATE,
     },
-    paper=Paper(
-        "SAE-FD: Sparse Autoencoder Feature Distillation for Continual Learning of Large "
-        "Language Models",
-        "Zhang et al.",
-        2026,
-    ),
+    paper=cite("zhang2026"),
 )
 class SAEFD(Method[SAEFDConfig]):
     """SAE-FD (Zhang et al. 2026, "SAE-FD: Sparse Autoencoder Feature Distillation for Continual

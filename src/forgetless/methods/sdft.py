@@ -24,12 +24,13 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from forgetless.contract.hooks import Batch, Stage, StepContext, TaskContext
-from forgetless.contract.method import Capability, Knob, Method, MethodConfig, Paper, declare_method
+from forgetless.contract.method import Capability, Knob, Method, MethodConfig, declare_method
 from forgetless.contract.plan import TrainStats
 from forgetless.core.fields import Count, Fraction, Positive
 from forgetless.core.modules import trainable_parameters
 from forgetless.core.storage import MethodState
 from forgetless.errors import DataError, ModelLoadError
+from forgetless.methods.papers import cite
 from forgetless.tasks.base import Example
 from forgetless.tasks.formatting import (
     IGNORE_INDEX,
@@ -215,9 +216,8 @@ def _fields(template: str) -> set[str]:
 
 
 class SDFTConfig(MethodConfig):
-    name: Literal["sdft"] = Field(
-        "sdft", description="SDFT: on-policy self-distillation from demonstrations."
-    )
+    name: Literal["sdft"] = "sdft"
+    """SDFT: on-policy self-distillation from demonstrations."""
     teacher: Literal["ema", "base"] = Field(
         "ema",
         description="ema: an exponential moving average of the student, started from it at each "
@@ -240,25 +240,17 @@ class SDFTConfig(MethodConfig):
         description="null: the divergence over the full vocabulary (the paper). k: over the "
         f"student's top-k tokens only ({_TRL} distillation_mode='topk_logits', k=100 there).",
     )
-    top_k_tail: bool = Field(
-        False,
-        description="With top_k: add one bucket for the probability mass outside the top-k "
-        "instead of renormalising the top-k (TRL's distillation_add_tail).",
-    )
-    skip_tokens: int = Field(
-        0,
-        ge=0,
-        description="Leave the first N completion tokens out of the loss (TRL's "
-        "num_loss_tokens_to_skip; the paper's training script uses 3).",
-    )
-    max_new_tokens: Count | None = Field(
-        None, description="Length limit of a sampled completion (default: the task's)."
-    )
-    temperature: Positive = Field(
-        1.0,
-        description="Sampling temperature; both models' logits are divided by it in the loss, "
-        "as TRL does (1.0 in the paper and TRL).",
-    )
+    top_k_tail: bool = False
+    """With top_k: add one bucket for the probability mass outside the top-k instead of
+    renormalising the top-k (TRL's distillation_add_tail)."""
+    skip_tokens: int = Field(0, ge=0)
+    """Leave the first N completion tokens out of the loss (TRL's num_loss_tokens_to_skip; the
+    paper's training script uses 3)."""
+    max_new_tokens: Count | None = None
+    """Length limit of a sampled completion (default: the task's)."""
+    temperature: Positive = 1.0
+    """Sampling temperature; both models' logits are divided by it in the loss, as TRL does (1.0 in
+    the paper and TRL)."""
     template: str = Field(
         "{prompt}\n\n{demonstration}",
         description="The teacher's prompt (or last user turn) from the example's {prompt} and "
@@ -288,12 +280,9 @@ def frozen(model: nn.Module) -> nn.Module:
 
 
 @declare_method(
-    "sdft",
     SDFTConfig,
     capabilities={Capability.TRAIN_STAGE, Capability.BATCH_TRANSFORM, Capability.STATE},
-    paper=Paper(
-        "Self-Distillation Enables Continual Learning", "Shenfeld et al.", 2026, "arXiv:2601.19897"
-    ),
+    paper=cite("shenfeld2026"),
 )
 class SDFT(Method[SDFTConfig]):
     """Self-Distillation Fine-Tuning ("Self-Distillation Enables Continual Learning", Shenfeld et

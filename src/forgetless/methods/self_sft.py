@@ -16,8 +16,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field
-
 from forgetless.contract.hooks import Stage
 from forgetless.contract.method import Capability, Knob, Method, MethodConfig, declare_method
 from forgetless.contract.plan import TrainStats
@@ -53,19 +51,16 @@ def round_steps(total: int, rounds: int) -> list[int]:
 
 
 class SelfSFTConfig(MethodConfig):
-    name: Literal["self_sft"] = Field(
-        "self_sft", description="Self-SFT / Iter-SFT: SFT on the model's own right answers."
-    )
-    rounds: Count = Field(
-        1,
-        description="Rounds per task, each with targets regenerated from the current model and "
-        "a fresh optimizer: 1 is Self-SFT, more is Iter-SFT. The task's steps are split "
-        "evenly over the rounds.",
-    )
-    generation_batch: Count = Field(64, description="Prompts per generation batch.")
+    name: Literal["self_sft"] = "self_sft"
+    """Self-SFT / Iter-SFT: SFT on the model's own right answers."""
+    rounds: Count = 1
+    """Rounds per task, each with targets regenerated from the current model and a fresh optimizer:
+    1 is Self-SFT, more is Iter-SFT. The task's steps are split evenly over the rounds."""
+    generation_batch: Count = 64
+    """Prompts per generation batch."""
 
 
-@declare_method("self_sft", SelfSFTConfig, capabilities={Capability.TRAIN_STAGE})
+@declare_method(SelfSFTConfig, capabilities={Capability.TRAIN_STAGE})
 class SelfSFT(Method[SelfSFTConfig]):
     """Generates an answer to every training prompt with the current model, keeps the accepted
     ones as targets, and trains on the mix through the shared loop; records per round the share

@@ -8,16 +8,15 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
-
 from forgetless.contract.method import Knob, Method, MethodConfig, declare_method
 
 
 class SeqFTConfig(MethodConfig):
-    name: Literal["seq_ft"] = Field("seq_ft", description="Sequential fine-tuning (no control).")
+    name: Literal["seq_ft"] = "seq_ft"
+    """Sequential fine-tuning (no control)."""
 
 
-@declare_method("seq_ft", SeqFTConfig)
+@declare_method(SeqFTConfig)
 class SeqFT(Method[SeqFTConfig]):
     """Uses no hook: the shared loop's cross-entropy on the current task is all it does."""
 

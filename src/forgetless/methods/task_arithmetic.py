@@ -4,24 +4,19 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field
-
-from forgetless.contract.method import Capability, MethodConfig, Paper, declare_method
+from forgetless.contract.method import Capability, MethodConfig, declare_method
 from forgetless.merging.config import TaskArithmeticParams
 from forgetless.methods.continual_merge import ContinualMerge, Tensors
+from forgetless.methods.papers import cite
 
 
 class TaskArithmeticConfig(MethodConfig, TaskArithmeticParams):
-    name: Literal["task_arithmetic"] = Field(
-        "task_arithmetic", description="Continual task arithmetic."
-    )
+    name: Literal["task_arithmetic"] = "task_arithmetic"
+    """Continual task arithmetic."""
 
 
 @declare_method(
-    "task_arithmetic",
-    TaskArithmeticConfig,
-    capabilities={Capability.TRAIN_STAGE},
-    paper=Paper("Editing Models with Task Arithmetic", "Ilharco et al.", 2023, "ICLR"),
+    TaskArithmeticConfig, capabilities={Capability.TRAIN_STAGE}, paper=cite("ilharco2023")
 )
 class TaskArithmetic(ContinualMerge[TaskArithmeticConfig]):
     """Task arithmetic (Ilharco et al. 2023, "Editing Models with Task Arithmetic", ICLR) run

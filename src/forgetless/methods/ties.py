@@ -5,26 +5,22 @@ from __future__ import annotations
 from typing import Any, ClassVar, Literal
 
 import torch
-from pydantic import Field
 
 from forgetless.contract.hooks import MethodState
-from forgetless.contract.method import Capability, MethodConfig, Paper, declare_method
+from forgetless.contract.method import Capability, MethodConfig, declare_method
 from forgetless.merging.config import TiesParams
 from forgetless.merging.ties import ties_merge
 from forgetless.methods.continual_merge import ContinualMerge, Tensors, kept_whole
+from forgetless.methods.papers import cite
 
 
 class TiesConfig(MethodConfig, TiesParams):
-    name: Literal["ties"] = Field("ties", description="Continual TIES-merging.")
+    name: Literal["ties"] = "ties"
+    """Continual TIES-merging."""
 
 
 @declare_method(
-    "ties",
-    TiesConfig,
-    capabilities={Capability.TRAIN_STAGE, Capability.STATE},
-    paper=Paper(
-        "TIES-Merging: Resolving Interference When Merging Models", "Yadav et al.", 2023, "NeurIPS"
-    ),
+    TiesConfig, capabilities={Capability.TRAIN_STAGE, Capability.STATE}, paper=cite("yadav2023")
 )
 class Ties(ContinualMerge[TiesConfig]):
     """TIES-merging (Yadav et al. 2023, "TIES-Merging: Resolving Interference When Merging

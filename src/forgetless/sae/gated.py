@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
@@ -47,10 +47,13 @@ CONFIG_FILE = "sae_config.json"
 class GatedSAEConfig(BaseModel):
     """The shape of a gated SAE and the fixed scale its inputs are divided by."""
 
-    model_config = ConfigDict(extra="forbid")
-    d_in: Count = Field(description="Width d of the activations it encodes.")
-    d_sae: Count = Field(description="Number of features D (D ≫ d: overcomplete).")
-    input_scale: Positive = Field(1.0, description="Activations are divided by this first.")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    d_in: Count
+    """Width d of the activations it encodes."""
+    d_sae: Count
+    """Number of features D (D ≫ d: overcomplete)."""
+    input_scale: Positive = 1.0
+    """Activations are divided by this first."""
 
 
 class GatedSAE(nn.Module):

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 from torch import Tensor
 
 from forgetless.core.fields import Count, Fraction, NonNegative, Positive
@@ -28,55 +28,46 @@ from forgetless.sae.gated import (
 class SAETrainConfig(BaseModel):
     """How the gated SAE is built and trained (on the base model's last-layer MLP outputs)."""
 
-    model_config = ConfigDict(extra="forbid")
-    expansion: Count = Field(8, description="Features per activation dimension: D = e·d.")
-    l1_coeff: NonNegative = Field(
-        0.4,
-        description="λ_sparse on ‖ReLU(π_gate)‖₁, with activations scaled to E‖h‖² = 1. Chosen "
-        "on synthetic data with a known dictionary (benchmarks/sae_recovery.py; d = 128, 8 of "
-        "1024 directions per vector, D = 1024, 2000 steps): 0.3 gave L0 11.9, 0.4 L0 9.0 with "
-        "987/1024 directions recovered, 0.5 L0 7.3. On the tiny base 0.4 gives EV 0.95 at L0 2.7, "
-        "0.2 EV 0.976 at L0 6.3 (docs/sae_fd.md). Tune per model.",
-    )
-    steps: Count = Field(3000, description="Adam steps.")
-    batch_size: Count = Field(1024, description="Activation vectors (tokens) per step.")
-    lr: Positive = Field(1e-3, description="Adam learning rate (constant after warm-up).")
-    l1_warmup: Fraction = Field(
-        0.05, description="Share of the steps over which λ_sparse ramps up from 0."
-    )
-    encoder_init_norm: Positive = Field(
-        0.1,
-        description="Norm of the encoder rows at step 0 (W_gate = this · W_decᵀ, unit-norm "
-        "decoder columns): short rows start the code near zero instead of dense.",
-    )
-    grad_clip: NonNegative = Field(
-        1.0, description="Clip the gradient's total norm to this before each step; 0: off."
-    )
-    n_per_task: Count = Field(
-        300, description="Examples per data source for the activations (train split)."
-    )
-    tasks: list[str | dict[str, Any]] | None = Field(
-        None,
-        description="Data sources: built-in task names, or task entries as in a run config "
-        "(jsonl / hf); null = every built-in task.",
-    )
-    seed: int = Field(0, description="Seed of the SAE's initialisation, data and batch order.")
-    skip_first: bool = Field(
-        False,
-        description="Leave each example's first token out of the activations. On a chat model "
-        "the template's first token is an attention sink: on SmolLM2-135M-Instruct its last-MLP "
-        "output averages norm 6537 against a median of 534 elsewhere, 66% of the squares on 1.6% "
-        "of the tokens (studies/real_sae_sink.py), and an SAE spends itself on it. SAE-FD "
-        "then leaves it out of L_FD too.",
-    )
-    autocast: Literal["off", "bf16"] = Field(
-        "off",
-        description="bf16: the base's forward passes that collect the activations, and the "
-        "SAE's own training steps, under bfloat16 autocast (float32 weights and Adam state), "
-        "as a run with train.autocast bf16 computes them. The real track's SAE trained in "
-        "821.9 s this way and in 1312.8 s in float32, each beside two other jobs on the "
-        "reference CPU (docs/real-track.md).",
-    )
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    expansion: Count = 8
+    """Features per activation dimension: D = e·d."""
+    l1_coeff: NonNegative = 0.4
+    """λ_sparse on ‖ReLU(π_gate)‖₁, with activations scaled to E‖h‖² = 1. Chosen on synthetic data
+    with a known dictionary (benchmarks/sae_recovery.py; d = 128, 8 of 1024 directions per
+    vector, D = 1024, 2000 steps): 0.3 gave L0 11.9, 0.4 L0 9.0 with 987/1024 directions
+    recovered, 0.5 L0 7.3. On the tiny base 0.4 gives EV 0.95 at L0 2.7, 0.2 EV 0.976 at L0 6.3
+    (docs/sae_fd.md). Tune per model."""
+    steps: Count = 3000
+    """Adam steps."""
+    batch_size: Count = 1024
+    """Activation vectors (tokens) per step."""
+    lr: Positive = 1e-3
+    """Adam learning rate (constant after warm-up)."""
+    l1_warmup: Fraction = 0.05
+    """Share of the steps over which λ_sparse ramps up from 0."""
+    encoder_init_norm: Positive = 0.1
+    """Norm of the encoder rows at step 0 (W_gate = this · W_decᵀ, unit-norm decoder columns): short
+    rows start the code near zero instead of dense."""
+    grad_clip: NonNegative = 1.0
+    """Clip the gradient's total norm to this before each step; 0: off."""
+    n_per_task: Count = 300
+    """Examples per data source for the activations (train split)."""
+    tasks: list[str | dict[str, Any]] | None = None
+    """Data sources: built-in task names, or task entries as in a run config (jsonl / hf); null =
+    every built-in task."""
+    seed: int = 0
+    """Seed of the SAE's initialisation, data and batch order."""
+    skip_first: bool = False
+    """Leave each example's first token out of the activations. On a chat model the template's first
+    token is an attention sink: on SmolLM2-135M-Instruct its last-MLP output averages norm 6537
+    against a median of 534 elsewhere, 66% of the squares on 1.6% of the tokens
+    (studies/real_sae_sink.py), and an SAE spends itself on it. SAE-FD then leaves it out of L_FD
+    too."""
+    autocast: Literal["off", "bf16"] = "off"
+    """bf16: the base's forward passes that collect the activations, and the SAE's own training
+    steps, under bfloat16 autocast (float32 weights and Adam state), as a run with train.autocast
+    bf16 computes them. The real track's SAE trained in 821.9 s this way and in 1312.8 s in
+    float32, each beside two other jobs on the reference CPU (docs/real-track.md)."""
 
     def key_fields(self) -> dict[str, Any]:
         """The settings as the SAE cache key reads them: the options added after SAEs were

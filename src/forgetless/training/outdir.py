@@ -9,6 +9,7 @@ from pathlib import Path
 from types import TracebackType
 
 from forgetless.core.ownership import MARKER, check_output_folder, mark_folder
+from forgetless.core.paths import read_stripped
 from forgetless.errors import EnvironmentFault
 
 PID_FILE = ".forgetless.pid"
@@ -17,11 +18,8 @@ PID_FILE = ".forgetless.pid"
 
 def holder(folder: Path) -> str:
     """`` (PID n)`` for the process that holds ``folder``'s lock, when it says."""
-    try:
-        pid = (folder / PID_FILE).read_text(encoding="utf-8").strip()
-    except OSError:
-        return ""
-    return f" (PID {pid})" if pid.isdigit() else ""
+    pid = read_stripped(folder / PID_FILE)
+    return f" (PID {pid})" if pid is not None and pid.isdigit() else ""
 
 
 class OutDirLock:

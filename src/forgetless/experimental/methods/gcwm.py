@@ -8,28 +8,24 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field
-
 from forgetless.contract.hooks import MethodState
 from forgetless.contract.method import Capability, MethodConfig, Paper, declare_method
 from forgetless.core.fields import NonNegative
 from forgetless.diagnostics.geometry import LowRank
-from forgetless.experimental.gcwm import GCWMParams, gcwm_layer, options_of, truncate
+from forgetless.experimental.gcwm import GCWMParams, gcwm_layer, truncate
 from forgetless.merging.blocks import is_block_matrix
 from forgetless.methods.continual_merge import ContinualMerge, Tensors
 
 
 class GCWMConfig(MethodConfig, GCWMParams):
-    name: Literal["gcwm"] = Field("gcwm", description="Geometry-conflict Wasserstein merging.")
-    scaling: NonNegative = Field(
-        1.0,
-        description="w, each task's weight in the plain branch Σ_t w Δ_t and in the consensus "
-        "(1: the plain branch is sequential fine-tuning). Toolkit default.",
-    )
+    name: Literal["gcwm"] = "gcwm"
+    """Geometry-conflict Wasserstein merging."""
+    scaling: NonNegative = 1.0
+    """w, each task's weight in the plain branch Σ_t w Δ_t and in the consensus (1: the plain branch
+    is sequential fine-tuning). Toolkit default."""
 
 
 @declare_method(
-    "gcwm",
     GCWMConfig,
     capabilities={Capability.TRAIN_STAGE, Capability.STATE},
     paper=Paper(
@@ -54,7 +50,7 @@ class GCWM(ContinualMerge[GCWMConfig]):
         self.correction: dict[str, dict[str, Any]] = {}
 
     def increment(self, deltas: Tensors, details: dict[str, Any]) -> Tensors:
-        opts = options_of(self.config)
+        opts = self.config
         own: dict[str, dict[str, Any]] = {}
         out, conflicts, gates, per_layer = {}, [], [], {}
         for name, delta in deltas.items():
