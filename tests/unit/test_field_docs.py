@@ -34,6 +34,7 @@ def test_a_mixin_s_descriptions_reach_the_configs_built_on_it() -> None:
     assert TiesParams.model_fields["density"].description
 
 
-def test_every_scalar_run_setting_is_described() -> None:
+def test_the_run_schema_carries_the_descriptions() -> None:
     schema = RunConfig.model_json_schema()
+    assert schema["properties"]["seed"]["description"] == RunConfig.model_fields["seed"].description
     assert schema["properties"]["seed"]["description"]
