@@ -187,9 +187,11 @@ def _with_adapter(model: Any, folder: Path, base: str) -> Any:
     from peft import PeftModel
 
     from forgetless.errors import ModelLoadError
+    from forgetless.models.finetuner import peft_quiet
 
     try:
-        return PeftModel.from_pretrained(model, str(folder)).merge_and_unload()
+        with peft_quiet():
+            return PeftModel.from_pretrained(model, str(folder)).merge_and_unload()
     except (OSError, ValueError, RuntimeError, KeyError) as err:
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise ModelLoadError(

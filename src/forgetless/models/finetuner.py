@@ -7,6 +7,9 @@
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -22,6 +25,18 @@ from forgetless.core.tensor_files import WEIGHTS_FILE
 from forgetless.errors import CheckpointError, ModelLoadError
 
 ADAPTER_FILE = "adapter_model.safetensors"
+
+
+@contextmanager
+def peft_quiet() -> Iterator[None]:
+    """Silence the FutureWarning that PEFT's model constructor triggers under transformers 5 (it
+    reads ``is_gradient_checkpointing``): a user cannot act on it, and it came with every LoRA
+    run."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning
+        )
+        yield
 
 
 class Finetuner:
@@ -59,7 +74,8 @@ class Finetuner:
         if isinstance(self.model, PeftModel):
             self.model.add_adapter(name, self._peft_config())
         else:
-            self.model = get_peft_model(self.model, self._peft_config(), adapter_name=name)
+            with peft_quiet():
+                self.model = get_peft_model(self.model, self._peft_config(), adapter_name=name)
         self.attached.append(name)
         # only live adapters take part in the forward pass (before task 1, the first: B = 0)
         self._activate(list(self.adapters) or self.attached[:1])
