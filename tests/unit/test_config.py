@@ -121,3 +121,10 @@ def test_validate_refuses_a_lora_regime_a_method_cannot_use_without_loading_a_mo
     assert run_cli(["validate", str(config)]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and why in err and "regime carry, not 'per_task'" in err
+
+
+def test_finetune_takes_its_mode_alone() -> None:
+    cfg = validate_config({"tasks": ["reverse"], "finetune": "lora"})
+    assert cfg.finetune.mode == "lora" and cfg.finetune.lora.regime == "carry"
+    with pytest.raises(ConfigError, match=r"^x.yaml: finetune.mode: .*'full' or 'lora'"):
+        validate_config({"tasks": ["reverse"], "finetune": "qlora"}, "x.yaml")

@@ -137,6 +137,11 @@ class LoraConfig(Strict):
     its end; per_task: a new adapter per task, past ones frozen beside it."""
 
 
+def finetune_shorthand(value: Any) -> Any:
+    """``finetune: lora`` (or ``full``) for ``{mode: lora}``, as ``ContinualTrainer`` takes it."""
+    return {"mode": value} if isinstance(value, str) else value
+
+
 class FinetuneConfig(Strict):
     mode: Literal["full", "lora"] = "full"
     """Full fine-tuning or LoRA (PEFT)."""
@@ -403,7 +408,9 @@ class RunConfig(Strict):
     """Where the model runs: auto (a GPU when there is one, as accelerate places each process), cpu,
     cuda, cuda:N or mps; one that is not available is refused at start."""
     model: ModelConfig = Field(default_factory=ModelConfig)  # type: ignore[arg-type]
-    finetune: FinetuneConfig = Field(default_factory=FinetuneConfig)  # type: ignore[arg-type]
+    finetune: Annotated[FinetuneConfig, BeforeValidator(finetune_shorthand)] = Field(
+        default_factory=FinetuneConfig  # type: ignore[arg-type]
+    )
     train: TrainConfig = Field(default_factory=TrainConfig)  # type: ignore[arg-type]
     eval: EvalConfig = Field(default_factory=EvalConfig)  # type: ignore[arg-type]
     tasks: list[TaskConfig] = Field(min_length=1)
