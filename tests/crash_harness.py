@@ -74,7 +74,7 @@ def plant(point: str, n: int) -> None:
             module: Any = step_checkpoint
             name = "save_file"
         else:
-            from forgetless.models import adapters as module
+            from forgetless.models import finetuner as module
 
             name = "save_model"
 
@@ -131,9 +131,11 @@ def _plant_method_end(point: str, reached: Callable[[], bool]) -> None:
 
         return wrapped
 
-    for cls in base.registered_methods().values():
-        if hook in vars(cls):
-            _patch(cls, hook, after)
+    # patch each class that defines the hook, a shared base (ContinualMerge) once
+    methods = base.registered_methods().values()
+    owners = {next(k for k in cls.__mro__ if hook in vars(k)) for cls in methods}
+    for owner in owners - {base.Method}:
+        _patch(owner, hook, after)
 
 
 def main() -> None:

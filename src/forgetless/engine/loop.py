@@ -143,7 +143,7 @@ class StepLoop:
     _packed: bool = field(default=False, init=False, repr=False)
     """Whether micro-batches go to the model packed into one row (``train.padding_free``)."""
     _padding: list[int] = field(default_factory=lambda: [0, 0], init=False, repr=False)
-    """Pad tokens and token slots of the micro-batches run so far."""
+    """Pad tokens and token slots of the micro-batches run so far (``LoopProgress.padding``)."""
 
     def run(
         self,
@@ -166,6 +166,7 @@ class StepLoop:
         if self.monitor is not None:
             self.monitor.loop_started(self.model, optimizer, scheduler)
         grouped = self._arrange(plan, loss_fn)
+        self._padding = done.padding  # counted on from a resumed step
         stream = batches(features, plan.batch_size, plan.seed, done.step * plan.grad_accum, grouped)
         self.model.train()
         start = time.perf_counter() - done.seconds
@@ -320,7 +321,7 @@ class StepLoop:
     def _arrange(self, plan: TrainPlan, loss_fn: LossFn | None) -> bool:
         """Set up ``train.padding_free``: pack where the model's attention keeps packed
         sequences apart; else say so once and return True (group examples by length)."""
-        self._packed, self._padding = False, [0, 0]
+        self._packed = False
         if not plan.padding_free:
             return False
         broken = registry.padding_rule_broken(self.method)

@@ -49,6 +49,8 @@ class LoopProgress:
     skipped: list[tuple[int, str, float]] = field(default_factory=list)
     scaler: dict[str, Any] = field(default_factory=dict)
     """The fp16 gradient scaler's state, and the steps it skipped (``scaler_skipped``)."""
+    padding: list[int] = field(default_factory=lambda: [0, 0])
+    """Pad tokens and token slots of the micro-batches run so far."""
 
 
 def plan_fingerprint(plan: Any) -> dict[str, Any]:
