@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -25,9 +26,15 @@ from test_bad_inputs import write_config as write_yaml
 from forgetless.cli.app import run_cli
 from forgetless.config.loading import load_config
 from forgetless.core.rundir import RunDir
-from forgetless.core.storage import atomic_write_text, remove_stale_temps, temp_file_name
+from forgetless.core.storage import (
+    atomic_write_text,
+    cache_fill_lock,
+    lock_folder,
+    remove_stale_temps,
+    temp_file_name,
+)
 from forgetless.engine.loop import NonFiniteError, check_finite_weights
-from forgetless.errors import ConfigError
+from forgetless.errors import ConfigError, EnvironmentFault
 from forgetless.training.runner import Runner
 
 
@@ -391,6 +398,20 @@ def test_a_failed_atomic_write_leaves_no_temporary(
     with pytest.raises(OSError):
         atomic_write_text(tmp_path / "x.json", "data")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_cache_that_cannot_be_written_still_locks_a_fill(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "a-file").write_text("not a folder")
+    monkeypatch.setenv("FORGETLESS_CACHE", str(tmp_path / "a-file" / "cache"))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    with cache_fill_lock(tmp_path / "run" / "sae"):
+        held = list((tmp_path / "tmp" / "forgetless-locks").glob("*.lock"))
+    assert len(held) == 1 and not (tmp_path / "run").exists()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "a-file" / "tmp"))
+    with pytest.raises(EnvironmentFault, match=r"^\$FORGETLESS_CACHE \(.*a-file/cache\): cannot"):
+        lock_folder()
 
 
 # One error boundary: every expected failure is one line with its exit code.

@@ -161,10 +161,23 @@ def cache_fill_lock(folder: Path) -> Iterator[None]:
     so no file is left beside the folder (which may be in a run's output).
     """
     key = hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:16]
-    locks = cache_root() / "locks"
-    locks.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(locks / f"{key}.lock")):
+    with FileLock(str(lock_folder() / f"{key}.lock")):
         yield
+
+
+def lock_folder() -> Path:
+    """The cache's ``locks/``, or, where the cache cannot be written (a read-only home with the
+    SAE or model kept in a run folder), one under the system's temp folder: the lock only has
+    to be shared by the processes of this machine."""
+    for locks in (cache_root() / "locks", Path(tempfile.gettempdir()) / "forgetless-locks"):
+        try:
+            locks.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            continue
+        return locks
+    raise EnvironmentFault(
+        f"$FORGETLESS_CACHE ({cache_root()}): cannot make its locks/ folder, nor the temp one"
+    )
 
 
 @contextmanager
