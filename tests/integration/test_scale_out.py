@@ -60,16 +60,27 @@ def _files(out: Path) -> list[str]:
     return sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
 
 
-def _same_files_and_state(one: Path, two: Path, atol: float = 1e-4) -> None:
+def _same_files_and_state(one: Path, two: Path, atol: float = 1e-4, step: float = 0.0) -> None:
     """The same files, and the final weights and method state to ``atol`` (tied weights saved
-    once, under the same name)."""
+    once, under the same name); with ``step``, up to one element in 1000 of a tensor may differ
+    by at most ``step``.
+
+    That allowance is for the trained shipped base: a weight whose gradient is near zero in
+    the second task (the base answers the first) gets an AdamW step of its own size from the
+    float-order noise of the gradient's reduction. seq_ft on that base and those tasks differs
+    the same way (one element of layer 0's o_proj, by 1.35e-4, where each step is 1e-3)."""
     assert _files(two) == _files(one)
     state_one, state_two = final_state(one), final_state(two)
     assert state_one.keys() == state_two.keys()
     for name, tensors in state_one.items():
         assert tensors.keys() == state_two[name].keys(), name
         for key, value in tensors.items():
-            torch.testing.assert_close(state_two[name][key], value, rtol=1e-3, atol=atol)
+            got = state_two[name][key]
+            off = ~torch.isclose(got, value, rtol=1e-3, atol=atol)
+            if step and 0 < int(off.sum()) <= value.numel() // 1000:
+                assert float((got - value)[off].abs().max()) <= step, key
+                continue
+            torch.testing.assert_close(got, value, rtol=1e-3, atol=atol)
 
 
 @pytest.mark.parametrize(("method", "mode"), CASES)
@@ -87,12 +98,7 @@ def test_two_processes_match_one(
     assert all(one) and [len(t) for t in one] == [len(t) for t in two]
     for a, b in zip(one, two, strict=True):
         assert b == pytest.approx(a, rel=1e-5, abs=1e-6)
-    assert _files(tmp_path / "two") == _files(tmp_path / "one")  # nothing more was written
-    state_one, state_two = final_state(tmp_path / "one"), final_state(tmp_path / "two")
-    assert state_one.keys() == state_two.keys()
-    for name, tensors in state_one.items():
-        for key, value in tensors.items():
-            torch.testing.assert_close(state_two[name][key], value, rtol=1e-3, atol=1e-4)
+    _same_files_and_state(tmp_path / "one", tmp_path / "two", step=_adam_step(method))
 
 
 @pytest.mark.parametrize(
@@ -138,7 +144,12 @@ def test_two_sharded_processes_match_one(tiny_model_dir: Path, tmp_path: Path, m
     assert all(trained) and [len(t) for t in one] == [len(t) for t in two]
     for a, b in zip(one, two, strict=True):
         assert b == pytest.approx(a, rel=1e-5, abs=1e-6)
-    _same_files_and_state(tmp_path / "one", tmp_path / "two")
+    _same_files_and_state(tmp_path / "one", tmp_path / "two", step=_adam_step(method))
+
+
+def _adam_step(method: str) -> float:
+    """The learning rate, an AdamW step's size, for runs on the trained shipped base."""
+    return 1e-3 if method == "attribution_gate" else 0.0
 
 
 ZERO_CASES = [
@@ -236,16 +247,20 @@ def test_sharded_step_checkpoints_are_whole_and_resume(
                 torch.testing.assert_close(final_state(out)[name][key], value, rtol=1e-3, atol=1e-4)
 
 
-def _lora_runs_match_one(raw: dict[str, Any], tmp_path: Path) -> dict[str, Any]:
-    """One process, two sharded ones, and a run killed on one process after task 1 resumed on
-    two sharded ones: every step loss and every saved tensor alike. The one-process state."""
+def _lora_runs_match_one(
+    raw: dict[str, Any], tmp_path: Path, resume: bool = True
+) -> dict[str, Any]:
+    """One process, two sharded ones, and (with ``resume``) a run killed on one process after
+    task 1 resumed on two sharded ones: every step loss and every saved tensor alike. The
+    one-process state."""
     config = write_config(tmp_path, raw)
     cli(config, tmp_path / "one")
     two_processes(config, tmp_path / "two", fsdp=True)
-    killed_at("between_tasks", 1, config, tmp_path / "resumed")
-    two_processes(config, tmp_path / "resumed", fsdp=True)
+    if resume:
+        killed_at("between_tasks", 1, config, tmp_path / "resumed")
+        two_processes(config, tmp_path / "resumed", fsdp=True)
     state_one = final_state(tmp_path / "one")
-    for out in (tmp_path / "two", tmp_path / "resumed"):
+    for out in (tmp_path / "two", tmp_path / "resumed") if resume else (tmp_path / "two",):
         assert results(out)["per_task"][-1]["parallel"] == "fsdp2"
         for a, b in zip(step_losses(tmp_path / "one"), step_losses(out), strict=True):
             assert b == pytest.approx(a, rel=1e-5, abs=1e-6)
@@ -254,6 +269,33 @@ def _lora_runs_match_one(raw: dict[str, Any], tmp_path: Path) -> dict[str, Any]:
             for key, value in tensors.items():
                 torch.testing.assert_close(final_state(out)[name][key], value, rtol=1e-3, atol=1e-5)
     return state_one
+
+
+def test_lora_runs_sharded_as_one_process(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The fast tier's sharded LoRA run. The adapter's wrapper is the FSDP root, so the base is
+    measured and every row generated through it (the inner model's weights are shards)."""
+    raw = _config(tiny_model_dir, "seq_ft", "lora")
+    raw["finetune"]["lora"]["regime"] = "carry"
+    _lora_runs_match_one(raw, tmp_path, resume=False)
+
+
+@SLOW
+def test_a_budget_rolls_back_sharded_as_one_process(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A forgetting budget tight enough to roll back, on LoRA shards: the rollback copies into
+    FSDP2's shards, and the checks, the knob's path and the weights match one process (the
+    knob to 1e-3: it moves with a KL of about 5e-5, measured on shards)."""
+    raw = _config(tiny_model_dir, "kl_sft", "lora")
+    raw["finetune"]["lora"]["regime"] = "carry"
+    raw["budget"] = {"metric": "kl_to_base", "max_loss": 5e-5, "probe_batch": 8}
+    _lora_runs_match_one(raw, tmp_path, resume=False)
+    traces = [
+        [t["budget"]["trace"] for t in results(tmp_path / out)["per_task"]]
+        for out in ("one", "two")
+    ]
+    assert any(e.get("rolled_back") for task in traces[0] for e in task)
+    for a, b in zip(traces[0], traces[1], strict=True):
+        assert [e.get("rolled_back") for e in b] == [e.get("rolled_back") for e in a]
+        assert [e["next"] for e in b] == pytest.approx([e["next"] for e in a], rel=1e-3)
 
 
 @SLOW

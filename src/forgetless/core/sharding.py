@@ -56,7 +56,7 @@ def shard_model(model: nn.Module) -> nn.Module:
     """Shard ``model`` in place over every process (one ``fully_shard`` unit per block, then
     the root), as accelerate's FSDP2 plugin does; parameters become ``DTensor`` shards."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 
     classes = _block_classes(model)
     blocks = [m for m in model.modules() if type(m).__name__ in classes]
@@ -71,6 +71,8 @@ def shard_model(model: nn.Module) -> nn.Module:
     for block in blocks:
         fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
+    if hasattr(model, "generate"):  # a PeftModel's generate reaches the inner model's forward,
+        register_fsdp_forward_method(model, "generate")  # past the root's gathering hook
     return model
 
 

@@ -150,9 +150,9 @@ class BudgetMonitor:
             return False
         params = _trainable(model)
         if loss <= self.config.max_loss:
-            torch._foreach_copy_(self._kept, params)
+            _copy_into(self._kept, params)
             return False
-        torch._foreach_copy_(params, self._kept)
+        _copy_into(params, self._kept)
         return True
 
     def _next(self, loss: float) -> float:
@@ -189,6 +189,12 @@ def _trainable(model: nn.Module) -> list[torch.Tensor]:
 
 def _trainable_copy(model: nn.Module) -> list[torch.Tensor]:
     return [t.detach().clone() for t in _trainable(model)]
+
+
+def _copy_into(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
+    """One copy per tensor: FSDP2's shards (DTensors) have no fused ``_foreach_copy_``."""
+    for target, source in zip(targets, sources, strict=True):
+        target.copy_(source)
 
 
 def _scale_lr(optimizer: torch.optim.Optimizer, scheduler: Any, factor: float) -> None:

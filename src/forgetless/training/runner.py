@@ -109,8 +109,10 @@ class Runner:
         encoded = encode_remaining(tasks, tokenizer, max_length, results, writer.say)
         evaluator = Evaluator.for_run(fitted, tasks, probes, tokenizer)
         with writer.phase("measuring the base on the probes and the prose"):
-            evaluator.measure_base(model)
-        monitor = self._monitor(method, model, tokenizer, probes, results, writer, max_length)
+            evaluator.measure_base(finetuner.model)  # under FSDP2, the sharded root
+        monitor = self._monitor(
+            method, finetuner.model, tokenizer, probes, results, writer, max_length
+        )
         try:
             with Progress(self.console, enabled=self.progress) as bars:
                 loop = TaskLoop(
