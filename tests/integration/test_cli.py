@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -137,6 +139,25 @@ def test_listing_commands(
         monkeypatch.setattr(sys, "argv", ["forgetless", command])
         main()
         assert expected in capsys.readouterr().out
+
+
+def _commands(group: Any, prefix: str = "") -> Iterator[tuple[str, str]]:
+    for name, command in getattr(group, "commands", {}).items():
+        yield prefix + name, command.help or ""
+        yield from _commands(command, f"{prefix}{name} ")
+
+
+def test_every_command_says_what_it_does_in_one_line() -> None:
+    """A command's first help paragraph is what the listing prints beside its name: one line,
+    since the listing keeps a docstring's line breaks."""
+    from typer.main import get_command
+
+    from forgetless.cli.app import app
+
+    listed = dict(_commands(get_command(app)))
+    assert {"run", "check", "export", "diagnose circuits", "sae eval"} <= set(listed)
+    broken = [name for name, text in listed.items() if "\n" in text.strip().split("\n\n")[0]]
+    assert not broken, f"commands whose summary spans lines: {broken}"
 
 
 def test_methods_listing_marks_the_experimental_corner_without_warning() -> None:

@@ -429,8 +429,10 @@ def export(
         typer.Option(help="The model after this task (1-based; default: the last finished)."),
     ] = None,
 ) -> None:
-    """Save a run's model as a plain transformers folder: LoRA folded in, safetensors weights,
-    tokenizer and chat template (for `diagnose circuits`, transformers or mergekit)."""
+    """Save a run's model as a plain transformers folder, LoRA folded in.
+
+    Safetensors weights, tokenizer and chat template, for `diagnose circuits`, transformers or
+    mergekit."""
     from forgetless.training.export import export_model
 
     record = export_model(run_dir, out, task)

@@ -70,9 +70,10 @@ def check(
         int, typer.Option(min=0, help="Seed of the items drawn and the bootstrap.")
     ] = 0,
 ) -> None:
-    """Gate a fine-tuned model on how much of its base's skill it lost: exit 0 when the
-    one-sided bound on the loss (a paired bootstrap over the probe items) is at most --max-loss,
-    1 when it is not, 2 on bad input."""
+    """Gate a fine-tuned model on how much of its base's skill it lost.
+
+    Exit 0 when the one-sided bound on the loss (a paired bootstrap over the probe items) is at
+    most --max-loss, 1 when it is not, 2 on bad input."""
     from forgetless.config.schema import EvalConfig, ModelConfig
     from forgetless.errors import ConfigError, DataError
     from forgetless.eval.gate import check_model

@@ -165,8 +165,9 @@ def circuits(
         typer.Option(help="Output JSON (default: circuits.json beside the checkpoints)."),
     ] = None,
 ) -> None:
-    """Head-level circuits (DBM) of each checkpoint vs the base: size, faithfulness, retention,
-    mediation (DCM), specialists, SFT/RL vulnerability; a table and plots."""
+    """Head-level circuits (DBM) of each checkpoint against the base; a table and plots.
+
+    Size, faithfulness, retention, mediation (DCM), specialists, SFT/RL vulnerability."""
     from forgetless.diagnostics.diagnose_circuits import (
         TABLE_COLUMNS,
         DBMSettings,

@@ -191,8 +191,9 @@ def evaluate(
     seed: Annotated[int, typer.Option(help="Seed of the built-in data.")] = 0,
     quiet: QuietOpt = False,
 ) -> None:
-    """Reconstruction MSE, explained variance, L0 and dead-feature fraction of a saved SAE on
-    the base model's last-layer MLP outputs over the given data."""
+    """Score a saved SAE on the base model's last-layer MLP outputs over the given data.
+
+    Reconstruction MSE, explained variance, L0 and the dead-feature fraction."""
     from forgetless.errors import ConfigError
     from forgetless.sae.activations import collect_mlp_outputs, example_features, sae_examples
     from forgetless.sae.gated import load_sae, read_sae_record
