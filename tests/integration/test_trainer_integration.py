@@ -241,6 +241,28 @@ def two_tasks(
     return trainer
 
 
+@pytest.mark.parametrize(
+    ("flag", "engine"), [("is_fsdp_enabled", "FSDP"), ("is_deepspeed_enabled", "DeepSpeed")]
+)
+def test_a_trainer_that_shards_is_refused_in_one_line(
+    tiny_model_dir: Path, tmp_path: Path, flag: str, engine: str
+) -> None:
+    """A trainer whose accelerator splits the weights or the optimizer (as transformers marks
+    it) is refused as it is built, before the method touches a weight."""
+
+    class Sharded(Trainer):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            setattr(self, flag, True)
+
+    tokenizer = build_char_tokenizer()
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir))
+    args = arguments(Trainer, tmp_path, steps=1)
+    data = features(tokenizer, "reverse", 4)
+    with pytest.raises(TrainerRefusal, match=rf"^forgetless.integrations .* not under {engine}:"):
+        with_method(Sharded, "ewc")(**trainer_kwargs(Trainer, model, tokenizer, args, data))
+
+
 def documented_lines() -> dict[str, str]:
     """The table of docs/integrations.md: method name -> its cell (a refusal or 'runs')."""
     text = DOCS.read_text(encoding="utf-8").split("## Which methods run inside a trainer")[1]

@@ -71,6 +71,15 @@ def build_method(
     return built
 
 
+def sharded_by(trainer: Any) -> str | None:
+    """The engine that splits ``trainer``'s weights or optimizer over processes, or None."""
+    if getattr(trainer, "is_fsdp_enabled", False):
+        return "FSDP"
+    if getattr(trainer, "is_deepspeed_enabled", False):
+        return "DeepSpeed"
+    return None
+
+
 def tokenizer_of(trainer: Any) -> Any:
     """The trainer's tokenizer (a processor's own tokenizer)."""
     processing = trainer.processing_class
@@ -148,6 +157,13 @@ class ForgettingControl:
         """Bind ``trainer``; a task trained by the trainer bound before ends first."""
         if trainer is self.trainer:
             return
+        sharding = sharded_by(trainer)
+        if sharding:
+            raise TrainerRefusal(
+                f"forgetless.integrations runs in one process or under DDP, not under {sharding}: "
+                "a method reads and writes whole weights between steps; use `forgetless run` "
+                "under accelerate launch (FSDP2, ZeRO-1/2) instead"
+            )
         if self.trainer is not None:
             self.end_task()
         else:
