@@ -196,7 +196,7 @@ class StepLoop:
                     done, skip, partial(self._step, stream, plan, optimizer, sctx, loss_fn)
                 )
                 optimizer.zero_grad(set_to_none=True)  # after every step, a skipped one included
-                scheduler.step()
+                _advance(scheduler)
                 if self.monitor is not None:
                     self.monitor.after_step(step, self.model, optimizer, scheduler)
                 done.step, done.seconds = step + 1, time.perf_counter() - start
@@ -458,3 +458,12 @@ class _NullBar:
 
     def __exit__(self, *exc: object) -> None:
         return None
+
+
+def _advance(scheduler: Any) -> None:
+    """One step of the schedule, which counts planned steps, a skipped one (non-finite, or
+    an fp16 scale search) included: torch's warning that no optimizer step came first says
+    nothing then."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step", UserWarning)
+        scheduler.step()
