@@ -407,11 +407,22 @@ def test_a_cache_that_cannot_be_written_still_locks_a_fill(
     monkeypatch.setenv("FORGETLESS_CACHE", str(tmp_path / "a-file" / "cache"))
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     with cache_fill_lock(tmp_path / "run" / "sae"):
-        held = list((tmp_path / "tmp" / "forgetless-locks").glob("*.lock"))
+        held = list((tmp_path / "tmp").glob("forgetless-locks-*/*.lock"))
     assert len(held) == 1 and not (tmp_path / "run").exists()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "a-file" / "tmp"))
     with pytest.raises(EnvironmentFault, match=r"^\$FORGETLESS_CACHE \(.*a-file/cache\): cannot"):
         lock_folder()
+
+
+def test_a_read_only_locks_folder_is_passed_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FORGETLESS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    read_only = tmp_path / "cache" / "locks"
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, m: Path(p) != read_only and real_access(p, m))
+    assert lock_folder().parent == tmp_path / "tmp"
 
 
 # One error boundary: every expected failure is one line with its exit code.

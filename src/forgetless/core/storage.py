@@ -169,12 +169,15 @@ def lock_folder() -> Path:
     """The cache's ``locks/``, or, where the cache cannot be written (a read-only home with the
     SAE or model kept in a run folder), one under the system's temp folder: the lock only has
     to be shared by the processes of this machine."""
-    for locks in (cache_root() / "locks", Path(tempfile.gettempdir()) / "forgetless-locks"):
+    user = os.getuid() if hasattr(os, "getuid") else 0  # another user's folder is not ours
+    temp = Path(tempfile.gettempdir()) / f"forgetless-locks-{user}"
+    for locks in (cache_root() / "locks", temp):
         try:
             locks.mkdir(parents=True, exist_ok=True)
         except OSError:
             continue
-        return locks
+        if os.access(locks, os.W_OK):  # a locks/ left read-only is no place for a lock either
+            return locks
     raise EnvironmentFault(
         f"$FORGETLESS_CACHE ({cache_root()}): cannot make its locks/ folder, nor the temp one"
     )
