@@ -22,6 +22,7 @@ from forgetless.engine.loop import steps_for_epochs
 from forgetless.engine.resources import peak_memory_mb
 from forgetless.errors import ConfigError
 from forgetless.methods.papers import cite
+from forgetless.models.finetuner import peft_quiet
 from forgetless.tasks.base import Scorer, Task
 
 EPOCHS_DIR = "epochs"
@@ -259,7 +260,8 @@ class RL(Method[RLConfig]):
         )
         trainer.remove_callback(PrinterCallback)  # the runner reports progress itself
         try:
-            output = trainer.train()
+            with peft_quiet():  # TRL's trainer reads the deprecated flag on a PeftModel
+                output = trainer.train()
         finally:
             if name_or_path is not None:
                 model.config._name_or_path = name_or_path  # type: ignore[union-attr]
