@@ -185,7 +185,8 @@ class StepLoop:
                 raise ConfigError(
                     "train.autocast: fp16 under DeepSpeed ZeRO is not supported; use bf16"
                 )
-            for step in range(done.step, plan.steps):
+            first = done.step
+            for step in range(first, plan.steps):
                 if step in restarts:
                     optimizer.state.clear()  # a fresh AdamW: moments and step count at zero
                 sctx = StepContext(
@@ -196,7 +197,7 @@ class StepLoop:
                     done, skip, partial(self._step, stream, plan, optimizer, sctx, loss_fn)
                 )
                 optimizer.zero_grad(set_to_none=True)  # after every step, a skipped one included
-                _advance(scheduler)
+                _advance(scheduler, first=step == first)
                 if self.monitor is not None:
                     self.monitor.after_step(step, self.model, optimizer, scheduler)
                 done.step, done.seconds = step + 1, time.perf_counter() - start
@@ -460,10 +461,14 @@ class _NullBar:
         return None
 
 
-def _advance(scheduler: Any) -> None:
+def _advance(scheduler: Any, first: bool) -> None:
     """One step of the schedule, which counts planned steps, a skipped one (non-finite, or
     an fp16 scale search) included: torch's warning that no optimizer step came first says
-    nothing then."""
+    nothing then. torch checks only on a new scheduler's first step, so the filter is set there
+    alone, off the per-step path."""
+    if not first:
+        scheduler.step()
+        return
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step", UserWarning)
         scheduler.step()
