@@ -256,11 +256,13 @@ def _lora_runs_match_one(
     config = write_config(tmp_path, raw)
     cli(config, tmp_path / "one")
     two_processes(config, tmp_path / "two", fsdp=True)
+    outs = [tmp_path / "two"]
     if resume:
         killed_at("between_tasks", 1, config, tmp_path / "resumed")
         two_processes(config, tmp_path / "resumed", fsdp=True)
+        outs.append(tmp_path / "resumed")
     state_one = final_state(tmp_path / "one")
-    for out in (tmp_path / "two", tmp_path / "resumed") if resume else (tmp_path / "two",):
+    for out in outs:
         assert results(out)["per_task"][-1]["parallel"] == "fsdp2"
         for a, b in zip(step_losses(tmp_path / "one"), step_losses(out), strict=True):
             assert b == pytest.approx(a, rel=1e-5, abs=1e-6)
