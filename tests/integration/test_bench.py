@@ -238,6 +238,36 @@ def test_jobs_give_the_sequential_table(tiny_model_dir: Path, tmp_path: Path) ->
         assert "task 1/1" in log.lower() and "step" in log
 
 
+@pytest.mark.parametrize(
+    ("raised", "logged"),
+    [
+        (KeyboardInterrupt(), "interrupted: the run stopped here"),
+        (RuntimeError("boom"), "Traceback"),
+    ],
+)
+def test_a_workers_log_ends_with_what_stopped_its_run(
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    raised: BaseException,
+    logged: str,
+) -> None:
+    """A Ctrl-C leaves one line in the run's log; a fault leaves its traceback."""
+    from forgetless.bench import jobs
+    from forgetless.training.runner import Runner
+
+    def stop(self: Runner) -> None:
+        raise raised
+
+    monkeypatch.setattr(Runner, "run", stop)
+    folder = tmp_path / "bench" / "seq_ft" / "s0"
+    with pytest.raises(type(raised)):
+        jobs.run_job(tiny_run_config(tiny_model_dir), str(folder), threads=1, quiet=True)
+    text = jobs.worker_log(folder).read_text("utf-8")
+    assert text.startswith(logged)
+    assert ("Traceback" in text) == isinstance(raised, Exception)
+
+
 def test_jobs_are_refused_under_a_distributed_launch(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

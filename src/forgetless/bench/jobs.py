@@ -29,6 +29,9 @@ LAUNCHER_VARIABLES = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER
 WORKER_LOGS = "worker-logs"
 """The bench folder's sub-folder where each worker's run writes what a run prints."""
 
+INTERRUPTED = "interrupted: the run stopped here; re-running the bench resumes it"
+"""What a worker's log ends with when a Ctrl-C stopped its run."""
+
 _worker_slot = 0
 
 
@@ -112,6 +115,9 @@ def run_job(
         console = Console(file=handle, force_terminal=False, no_color=True, width=110)
         try:
             return Runner(cfg, Path(folder), console).run().to_json()
+        except KeyboardInterrupt:
+            handle.write(f"{INTERRUPTED}\n")  # a Ctrl-C is no fault: no traceback to read
+            raise
         except BaseException:
             handle.write(traceback.format_exc())  # the bench shows one line; the log, the rest
             raise
