@@ -97,3 +97,32 @@ def test_builtin_caps_and_unknown_builtin() -> None:
     assert len(task.train) == 10 and len(task.eval) == 3
     with pytest.raises(DataError, match="unknown built-in task 'nope'"):
         build_task(TaskConfig(builtin="nope"), EvalConfig(), seed=0)
+
+
+def test_a_file_cut_by_eval_n_train_is_said_with_the_place_to_change(tmp_path: Path) -> None:
+    from forgetless.config.loading import validate_config
+    from forgetless.training.task_data import load_tasks
+
+    path = str(write_jsonl(tmp_path / "qa.jsonl", RECORDS))
+    cfg = validate_config(
+        {
+            "tasks": [
+                "reverse",
+                {"jsonl": {"train": path}},
+                {"name": "own", "jsonl": {"train": path}, "n_train": 4},
+                {"name": "small", "jsonl": {"train": path}, "n_train": 50},
+            ],
+            "eval": {"n_train": 8, "n_eval": 2},
+        },
+        "test",
+    )
+    said: list[str] = []
+    tasks = load_tasks(cfg.tasks, cfg, said.append)
+    assert [len(t.train) for t in tasks] == [8, 8, 4, 18]
+    assert [line for line in said if line.startswith("note:")] == [
+        "note: task 'qa' trains on 8 of its 18 rows (eval.n_train caps a task without its own "
+        "n_train: raise it, or set tasks.1.n_train)"
+    ]
+    as_probes: list[str] = []  # a probe is scored, not trained: its cut is not news
+    load_tasks(cfg.tasks, cfg, as_probes.append, probes=True)
+    assert not [line for line in as_probes if line.startswith("note:")]

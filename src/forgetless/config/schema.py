@@ -333,7 +333,8 @@ class EvalConfig(Strict):
     n_eval: Count = 100
     """Eval examples per task unless the task says."""
     n_train: Count = 2000
-    """Built-in training examples per task."""
+    """Training examples per task: a built-in task is built to this size, and a JSONL or
+    Hugging Face task without its own n_train keeps this many of its rows (the run says so)."""
     batch_size: Count = 128
     """Prompts per generation batch."""
     kl_drift: bool = True

@@ -62,6 +62,8 @@ class Task:
     scorer: Scorer = field(default=exact_match)
     max_new_tokens: int = 16
     scoring: ScorerConfig | None = None
+    source_rows: int = 0
+    """Training rows a file or dataset held before its ``n_train`` cap (0: not counted)."""
 
     def __post_init__(self) -> None:
         if not self.eval:

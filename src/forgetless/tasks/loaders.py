@@ -260,6 +260,7 @@ def build_task(cfg: TaskConfig, eval_cfg: EvalConfig, seed: int, probe: bool = F
             description=desc,
             max_new_tokens=cfg.max_new_tokens or budget,
             scoring=cfg.scorer or scoring,
+            source_rows=0 if cfg.builtin is not None else len(train),
         )
     except ValueError as err:
         raise DataError(str(err)) from None

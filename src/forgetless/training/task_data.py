@@ -23,10 +23,25 @@ def load_tasks(
     ``say``, a long build prints a progress line now and then."""
     heartbeat = Heartbeat(say or (lambda line: None), "building tasks", len(configs))
     tasks = []
-    for task in configs:
-        tasks.append(build_task(task, cfg.eval, cfg.seed, probes))
+    for index, config in enumerate(configs):
+        task = build_task(config, cfg.eval, cfg.seed, probes)
+        note = None if probes else cap_note(task, config, f"tasks.{index}")
+        if note and say:
+            say(note)
+        tasks.append(task)
         heartbeat.beat()
     return tasks
+
+
+def cap_note(task: Task, config: TaskConfig, place: str) -> str | None:
+    """One line when ``eval.n_train`` left rows of a file or dataset out of training: a task
+    that sets its own ``n_train`` asked for its cap, so it is not told."""
+    if config.n_train is not None or task.source_rows <= len(task.train):
+        return None
+    return (
+        f"note: task {task.name!r} trains on {len(task.train)} of its {task.source_rows} rows "
+        f"(eval.n_train caps a task without its own n_train: raise it, or set {place}.n_train)"
+    )
 
 
 def encode_task(task: Task, tokenizer: Any, max_length: int) -> list[Features]:
