@@ -120,8 +120,8 @@ def test_a_file_cut_by_eval_n_train_is_said_with_the_place_to_change(tmp_path: P
     tasks = load_tasks(cfg.tasks, cfg, said.append)
     assert [len(t.train) for t in tasks] == [8, 8, 4, 18]
     assert [line for line in said if line.startswith("note:")] == [
-        "note: task 'qa' trains on 8 of its 18 rows (eval.n_train caps a task without its own "
-        "n_train: raise it, or set tasks.1.n_train)"
+        "note: task 'qa' trains on the first 8 of its 18 rows (eval.n_train caps a task without "
+        "its own n_train: raise it, or set tasks.1.n_train)"
     ]
     as_probes: list[str] = []  # a probe is scored, not trained: its cut is not news
     load_tasks(cfg.tasks, cfg, as_probes.append, probes=True)

@@ -39,8 +39,9 @@ def cap_note(task: Task, config: TaskConfig, place: str) -> str | None:
     if config.n_train is not None or task.source_rows <= len(task.train):
         return None
     return (
-        f"note: task {task.name!r} trains on {len(task.train)} of its {task.source_rows} rows "
-        f"(eval.n_train caps a task without its own n_train: raise it, or set {place}.n_train)"
+        f"note: task {task.name!r} trains on the first {len(task.train)} of its "
+        f"{task.source_rows} rows (eval.n_train caps a task without its own n_train: raise it, "
+        f"or set {place}.n_train)"
     )
 
 
