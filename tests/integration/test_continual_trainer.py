@@ -46,7 +46,7 @@ def trainer(model_dir: Path, out: Path, tasks: list[tuple[str, Any]], **kw: Any)
     model, tokenizer = loaded(model_dir)
     return forgetless.ContinualTrainer(
         model, tokenizer, tasks, out_dir=out, progress=False, console=Console(quiet=True),
-        evaluation=EVAL, **TRAIN, **kw,
+        evaluation=EVAL, **{**TRAIN, **kw},
     )  # fmt: skip
 
 
@@ -142,3 +142,37 @@ def test_a_peft_model_refuses_full_fine_tuning(tiny_model_dir: Path, tmp_path: P
         forgetless.ContinualTrainer(
             peft_model, tokenizer, [("a", records("a"))], finetune="full", out_dir=tmp_path / "r"
         ).config()
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.glob("*"))}
+
+
+def test_a_trained_run_refuses_other_data_or_settings_before_writing(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """The saved data are the record of what the run trained on: checked, never overwritten."""
+    out = tmp_path / "run"
+    trainer(tiny_model_dir, out, [("first", records("a"))]).fit()
+    saved = _files(out / "data")
+    with pytest.raises(ConfigError, match=r"first\.jsonl: these data differ from .*first\.jsonl"):
+        trainer(tiny_model_dir, out, [("first", records("a", 12))]).fit()
+    with pytest.raises(
+        ConfigError, match=r"stored config differs at train\.lr; use another out_dir or "
+        r"allow_config_change=True"
+    ):  # fmt: skip
+        trainer(tiny_model_dir, out, [("first", records("a"))], lr=5e-4).fit()
+    with pytest.raises(ConfigError, match=r"stored config differs at tasks; use another out_dir"):
+        trainer(tiny_model_dir, out, [("first", records("a")), ("new", records("n"))]).fit()
+    assert _files(out / "data") == saved
+    again = trainer(tiny_model_dir, out, [("first", records("a", 12))], allow_config_change=True)
+    events = again.fit().to_json()["events"]
+    assert any(e["type"] == "input_changed" for e in events)
+    assert _files(out / "data") != saved
+
+
+def test_a_refused_config_writes_nothing(tiny_model_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    with pytest.raises(ConfigError, match=r"train\.lamda"):
+        trainer(tiny_model_dir, out, [("first", records("a"))], method="ewc", lamda=3.0).fit()
+    assert not out.exists()

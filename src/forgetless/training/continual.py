@@ -11,6 +11,7 @@ repeats it from the saved data (with the model read from its ``name_or_path``).
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -23,7 +24,9 @@ from forgetless.config.schema import TASK_NAME, RunConfig
 from forgetless.core.ownership import check_output_folder, mark_folder
 from forgetless.core.storage import atomic_write_text
 from forgetless.errors import ConfigError, DataError
+from forgetless.training.inputs import Fingerprint
 from forgetless.training.results import Results
+from forgetless.training.resume import API_REMEDIES, folder_has_trained, resume_check
 from forgetless.training.runner import DATA_DIR, Runner
 
 EVAL_SPLITS = ("test", "validation", "eval")
@@ -79,10 +82,18 @@ def _with_adapter(finetune: dict[str, Any], model: Any) -> dict[str, Any]:
     return {**finetune, "lora": lora}
 
 
-def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
-    lines = [json.dumps(r, ensure_ascii=False, default=str) for r in rows]
-    atomic_write_text(path, "\n".join(lines) + "\n")
-    return path
+def _jsonl_text(rows: list[dict[str, Any]]) -> str:
+    return "\n".join(json.dumps(r, ensure_ascii=False, default=str) for r in rows) + "\n"
+
+
+def _text_fingerprint(text: str) -> Fingerprint:
+    """What ``inputs.fingerprint`` would record of ``text`` once written as a file."""
+    data = text.encode("utf-8")
+    return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def _saved_text(path: Path) -> str | None:
+    return path.read_text(encoding="utf-8") if path.is_file() else None
 
 
 class ContinualTrainer:
@@ -97,7 +108,9 @@ class ContinualTrainer:
     "before" is the model as given, adapter included, while a method's frozen reference
     (KL-SFT's) is loaded from its ``name_or_path``, without the adapter. ``evaluation`` is an
     ``eval:`` mapping; every other keyword is a ``train:`` setting (``steps``, ``lr``,
-    ``batch_size``, ``max_length`` ...).
+    ``batch_size``, ``max_length`` ...); a method's own options go in ``method``
+    (``{"name": "ewc", "lam": 5e3}``). ``allow_config_change`` resumes a run in ``out_dir``
+    with other data or settings and records the change (what the CLI's flag does).
     """
 
     def __init__(
@@ -114,6 +127,7 @@ class ContinualTrainer:
         seed: int = 0,
         progress: bool = True,
         console: Console | None = None,
+        allow_config_change: bool = False,
         **train: Any,
     ) -> None:
         if not tasks:
@@ -123,32 +137,74 @@ class ContinualTrainer:
         self.method, self.finetune, self.evaluation = method, finetune, dict(evaluation or {})
         self.out_dir, self.seed, self.train = Path(out_dir), seed, train
         self.progress, self.console = progress, console or Console()
+        self.allow_config_change = allow_config_change
 
     def fit(self) -> Results:
-        """Save the data, write the config, and run (resuming a run already in ``out_dir``)."""
+        """Save the data, write the config, and run (resuming a run already in ``out_dir``).
+
+        Everything is checked before anything is written: the config, and, where ``out_dir``
+        holds a run that has trained, that the data and config are the ones it began with (or
+        ``allow_config_change``, recorded in its results)."""
         check_output_folder(self.out_dir, "run")
+        cfg, files = self.planned()
+        self._check_resumable(cfg, files)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         mark_folder(self.out_dir, "run")
-        cfg = self.config()
-        runner = Runner(cfg, self.out_dir, self.console, progress=self.progress)
+        self._save(files)
+        runner = Runner(
+            cfg, self.out_dir, self.console, progress=self.progress,
+            allow_config_change=self.allow_config_change, remedies=API_REMEDIES,
+        )  # fmt: skip
         runner.loaded = (self.model, self.tokenizer)
         return runner.run()
 
     def config(self) -> RunConfig:
         """The run's config, its tasks' data saved under ``out_dir/data``."""
+        cfg, files = self.planned()
+        self._save(files)
+        return cfg
+
+    def planned(self) -> tuple[RunConfig, dict[Path, str]]:
+        """The run's config and the JSONL text of each data file it names; nothing written."""
         mode = self.finetune or ("lora" if _adapter(self.model) else "full")
         finetune = {"mode": mode} if isinstance(mode, str) else dict(mode)
+        files: dict[Path, str] = {}
         data = {
             "seed": self.seed,
             "model": {"name_or_path": self._model_source()},
             "finetune": _with_adapter(finetune, self.model),
             "train": self.train,
             "eval": self.evaluation,
-            "tasks": [self._task(name, d, "tasks") for name, d in self.tasks],
-            "probes": [p if isinstance(p, str) else self._task(*p, "probes") for p in self.probes],
+            "tasks": [self._task(name, d, "tasks", files) for name, d in self.tasks],
+            "probes": [
+                p if isinstance(p, str) else self._task(*p, "probes", files) for p in self.probes
+            ],
             "method": self.method if isinstance(self.method, str) else dict(self.method),
         }
-        return validate_config(data, "ContinualTrainer")
+        return validate_config(data, "ContinualTrainer"), files
+
+    def _check_resumable(self, cfg: RunConfig, files: dict[Path, str]) -> None:
+        """Refuse, before a byte is written, data or a config that the run in ``out_dir`` did
+        not begin with: the saved files are the record of what it trained on."""
+        if not self.allow_config_change and folder_has_trained(self.out_dir):
+            for path, text in files.items():
+                saved = _saved_text(path)
+                if saved is not None and saved != text:
+                    raise ConfigError(
+                        f"ContinualTrainer: {path.name}: these data differ from {path}, which "
+                        f"the run in {self.out_dir} trained on; pass the same data to resume "
+                        "it, use another out_dir, or allow_config_change=True to go on and "
+                        "record it"
+                    )
+        prints = {str(path): _text_fingerprint(text) for path, text in files.items()}
+        resume_check(self.out_dir, cfg, self.allow_config_change, prints, API_REMEDIES)
+
+    @staticmethod
+    def _save(files: dict[Path, str]) -> None:
+        """Each data file, unless it already holds the same text (a resume leaves it be)."""
+        for path, text in files.items():
+            if _saved_text(path) != text:
+                atomic_write_text(path, text)
 
     def _model_source(self) -> str:
         source = getattr(self.model, "name_or_path", "") or ""
@@ -159,13 +215,17 @@ class ContinualTrainer:
             )
         return str(source)
 
-    def _task(self, name: str, data: Any, section: str) -> dict[str, Any]:
+    def _task(self, name: str, data: Any, section: str, files: dict[Path, str]) -> dict[str, Any]:
+        """The task's config; its data's JSONL text goes into ``files`` by path."""
         where = f"ContinualTrainer: {section}: {name!r}"
         if not TASK_NAME.fullmatch(name):
             raise ConfigError(f"{where}: not usable as a file name (letters, digits, _ . + = @ -)")
         train, held = _splits(data, where)
         folder = self.out_dir / DATA_DIR
-        source: dict[str, Any] = {"train": str(_write_jsonl(folder / f"{name}.jsonl", train))}
-        if held:
-            source["eval"] = str(_write_jsonl(folder / f"{name}.eval.jsonl", held))
+        source: dict[str, Any] = {}
+        for key, rows, path in (("train", train, folder / f"{name}.jsonl"),
+                                ("eval", held, folder / f"{name}.eval.jsonl")):  # fmt: skip
+            if rows:
+                files[path] = _jsonl_text(rows)
+                source[key] = str(path)
         return {"name": name, "jsonl": source}

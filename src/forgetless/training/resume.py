@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,17 @@ FIXED_ONCE_TRAINED = (
 )
 """Config paths that the finished tasks' checkpoints depend on: never changed on resume (a
 method's state belongs to its method, so another method cannot go on from it)."""
+
+
+@dataclass(frozen=True)
+class Remedies:
+    """How a refusal names the ways out: the CLI's flags, or the Python API's arguments."""
+
+    other_out: str = "another --out"
+    allow: str = "--allow-config-change"
+
+
+API_REMEDIES = Remedies(other_out="another out_dir", allow="allow_config_change=True")
 
 
 def config_differences(old: Any, new: Any, prefix: str = "") -> list[str]:
@@ -60,11 +72,18 @@ def has_trained(out_dir: Path, results: Results | None) -> bool:
     return RunDir(out_dir).has_step_checkpoints()
 
 
+def folder_has_trained(out_dir: Path) -> bool:
+    """Whether the run in ``out_dir`` has trained anything (its results read when present)."""
+    results = RunDir(out_dir).results
+    return has_trained(out_dir, Results.read(results) if results.is_file() else None)
+
+
 def resume_check(
     out_dir: Path,
     cfg: RunConfig,
     allow_change: bool,
     inputs: dict[str, Fingerprint] | None = None,
+    remedies: Remedies = Remedies(),
 ) -> Results | None:
     """The stored results that ``cfg`` goes on from, or None for a fresh start.
 
@@ -93,7 +112,7 @@ def resume_check(
     if changed and not allow_change:
         raise ConfigError(
             f"{config_path}: stored config differs at {', '.join(changed)}; "
-            "use another --out or --allow-config-change"
+            f"use {remedies.other_out} or {remedies.allow}"
         )
     fixed = [c for c in changed if _fixed(c)]
     if fixed:
@@ -103,12 +122,12 @@ def resume_check(
             else "the checkpoints depend on it"
         )
         raise ConfigError(
-            f"{config_path}: --allow-config-change cannot change {fixed[0]} once a task has "
-            f"trained ({why}); use another --out"
+            f"{config_path}: {remedies.allow} cannot change {fixed[0]} once a task has "
+            f"trained ({why}); use {remedies.other_out}"
         )
     if stored is not None:
-        _check_columns(results_path, stored, cfg)
-        _check_inputs(results_path, stored, inputs or {}, allow_change)
+        _check_columns(results_path, stored, cfg, remedies)
+        _check_inputs(results_path, stored, inputs or {}, allow_change, remedies)
         if changed:
             stored.events.append(_event("config_changed", stored, fields=changed))
     return stored
@@ -119,7 +138,11 @@ def _event(kind: str, stored: Results, **detail: Any) -> dict[str, Any]:
 
 
 def _check_inputs(
-    path: Path, stored: Results, now: dict[str, Fingerprint], allow_change: bool
+    path: Path,
+    stored: Results,
+    now: dict[str, Fingerprint],
+    allow_change: bool,
+    remedies: Remedies,
 ) -> None:
     """The data files must be the ones the run began on, unless ``allow_change`` (recorded)."""
     changed = changed_inputs(stored.inputs, now)
@@ -128,8 +151,8 @@ def _check_inputs(
     if not allow_change:
         raise ConfigError(
             f"{changed[0]}: changed since the run in {path.parent} began (size or content "
-            "differs); a resumed run would mix two data sets: restore the file, use another "
-            "--out, or --allow-config-change to go on and record it"
+            f"differs); a resumed run would mix two data sets: restore the file, use "
+            f"{remedies.other_out}, or {remedies.allow} to go on and record it"
         )
     for name in changed:
         before, after = stored.inputs.get(name), now.get(name)
@@ -140,16 +163,16 @@ def _fixed(path: str) -> bool:
     return any(path == f or path.startswith(f"{f}.") for f in FIXED_ONCE_TRAINED)
 
 
-def _check_columns(path: Path, stored: Results, cfg: RunConfig) -> None:
+def _check_columns(path: Path, stored: Results, cfg: RunConfig, remedies: Remedies) -> None:
     """The task sequence and probes name the results' columns: they cannot change on resume."""
     tasks, probes = [t.display_name for t in cfg.tasks], probe_names(cfg.probes)
     if stored.tasks != tasks:
         raise ConfigError(
             f"{path}: the run's tasks are {', '.join(stored.tasks)}; a resumed run cannot change "
-            f"them to {', '.join(tasks)}; use another --out"
+            f"them to {', '.join(tasks)}; use {remedies.other_out}"
         )
     if stored.probes != probes:
         raise ConfigError(
             f"{path}: the run's probes are {', '.join(stored.probes) or 'none'}; a resumed run "
-            f"cannot change them to {', '.join(probes) or 'none'}; use another --out"
+            f"cannot change them to {', '.join(probes) or 'none'}; use {remedies.other_out}"
         )

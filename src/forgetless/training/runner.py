@@ -31,7 +31,7 @@ from forgetless.training.inputs import fingerprints
 from forgetless.training.outdir import OutDirLock
 from forgetless.training.pretrain import ensure_base_model
 from forgetless.training.results import Results
-from forgetless.training.resume import resume_check
+from forgetless.training.resume import Remedies, resume_check
 from forgetless.training.run_writer import RunWriter
 from forgetless.training.scale_out import ScaleOut, seed_everything, task_seed
 from forgetless.training.startup import runtime, start_up
@@ -54,6 +54,8 @@ class Runner:
     console: Console = field(default_factory=Console)
     progress: bool = True
     allow_config_change: bool = False
+    remedies: Remedies = field(default_factory=Remedies)
+    """How a refusal to resume names the ways out (the CLI's flags by default)."""
     method: Method | None = None
     """A method instance to use instead of building one from ``cfg.method`` (tests, notebooks)."""
     loaded: tuple[nn.Module, Any] | None = None
@@ -78,7 +80,9 @@ class Runner:
             return self._run(self._resumable())
 
     def _resumable(self) -> Results | None:
-        return resume_check(self.out_dir, self.cfg, self.allow_config_change, self.inputs)
+        return resume_check(
+            self.out_dir, self.cfg, self.allow_config_change, self.inputs, self.remedies
+        )
 
     def _run(self, stored: Results | None) -> Results:
         """The run proper, once the folder is locked and ``stored`` proved resumable."""
