@@ -126,3 +126,9 @@ def test_a_file_cut_by_eval_n_train_is_said_with_the_place_to_change(tmp_path: P
     as_probes: list[str] = []  # a probe is scored, not trained: its cut is not news
     load_tasks(cfg.tasks, cfg, as_probes.append, probes=True)
     assert not [line for line in as_probes if line.startswith("note:")]
+
+
+def test_a_file_too_small_to_split_is_named(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "one.jsonl", RECORDS[:1])
+    with pytest.raises(DataError, match=r"one\.jsonl: 1 example\(s\), too few to split off"):
+        build_task(TaskConfig(jsonl={"train": path}), EvalConfig(), seed=0)

@@ -134,13 +134,16 @@ def read_jsonl(path: Path, columns: Columns | None = None) -> list[Example]:
 
 
 def _split(
-    examples: list[Example], fraction: float, seed: int
+    examples: list[Example], fraction: float, seed: int, where: str
 ) -> tuple[list[Example], list[Example]]:
     order = list(range(len(examples)))
     random.Random(seed).shuffle(order)
     n_eval = max(1, round(len(examples) * fraction))
     if n_eval >= len(examples):
-        raise DataError(f"only {len(examples)} examples: too few to split off an eval set")
+        raise DataError(
+            f"{where}: {len(examples)} example(s), too few to split off an eval set (give more, "
+            "or an eval file or split of their own)"
+        )
     eval_idx = set(order[:n_eval])
     return [e for i, e in enumerate(examples) if i not in eval_idx], [
         examples[i] for i in order[:n_eval]
@@ -148,19 +151,19 @@ def _split(
 
 
 def _held_out(
-    examples: list[Example], fraction: float | None, seed: int, probe: bool
+    examples: list[Example], fraction: float | None, seed: int, probe: bool, where: str
 ) -> tuple[list[Example], list[Example]]:
     """A probe's examples are all evaluated unless a fraction is asked for; a task's are split."""
     if probe and fraction is None:
         return [], examples
-    return _split(examples, fraction or DEFAULT_EVAL_FRACTION, seed)
+    return _split(examples, fraction or DEFAULT_EVAL_FRACTION, seed, where)
 
 
 def _jsonl_splits(src: JsonlSource, seed: int, probe: bool) -> tuple[list[Example], list[Example]]:
     train = read_jsonl(src.train, src.columns)
     if src.eval is not None:
         return train, read_jsonl(src.eval, src.columns)
-    return _held_out(train, src.eval_fraction, seed, probe)
+    return _held_out(train, src.eval_fraction, seed, probe, str(src.train))
 
 
 COMMON_BUILDERS = ("arrow", "csv", "json", "pandas", "parquet", "text")
@@ -229,7 +232,8 @@ def _hf_splits(src: HFSource, seed: int, probe: bool) -> tuple[list[Example], li
     train = convert(src.train_split)
     if src.eval_split is not None:
         return train, convert(src.eval_split)
-    return _held_out(train, src.eval_fraction, seed, probe)
+    where = f"dataset {src.path!r} split {src.train_split!r}"
+    return _held_out(train, src.eval_fraction, seed, probe, where)
 
 
 USER_MAX_NEW_TOKENS = 64
