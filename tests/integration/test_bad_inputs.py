@@ -287,6 +287,41 @@ def test_bad_input_is_one_line_exit_2_and_loses_nothing(
         assert not any(k == "results.json" or k.startswith("checkpoints") for k in after)
 
 
+LOCAL_INPUTS = [
+    "missing model path", "missing dataset", "empty task", "JSONL line not JSON",
+    "JSONL line lacks fields",
+]  # fmt: skip
+"""Cases that ``validate`` finds too: it reads local data and the model folder as run does."""
+
+
+@pytest.mark.parametrize("case", LOCAL_INPUTS)
+def test_validate_reads_local_data_and_model_folders_as_run_does(
+    case: str,
+    tmp_path: Path,
+    tiny_model_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    build, expected = CATALOGUE[case]
+    _, config = build(tmp_path, tiny_model_dir, tmp_path / "unused")
+    code, err = invoke(monkeypatch, capsys, "validate", str(config))
+    assert code == 2, err
+    assert err.startswith(f"error: {config}: "), err
+    assert "\n" not in err and expected in err, err
+
+
+def test_validate_leaves_hub_ids_to_run(
+    tmp_path: Path, tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from forgetless.cli.app import run_cli
+
+    _, config = _missing_hub_dataset(tmp_path, tiny_model_dir, tmp_path)
+    data = yaml.safe_load(config.read_text(encoding="utf-8"))
+    data["model"]["name_or_path"] = "no-such-org/no-such-model"
+    write_config(config, data)
+    assert run_cli(["validate", str(config)]) == 0, capsys.readouterr().err
+
+
 def test_allow_config_change_overrides_the_resume_guard(
     tmp_path: Path,
     tiny_model_dir: Path,

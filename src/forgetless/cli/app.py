@@ -122,6 +122,7 @@ def validate(
     source = config_source(config, preset)
     cfg, raw = load_raw_config(config, set_, preset)
     _check_builtin_names(cfg, source)
+    _check_local_inputs(cfg, source)
     planned = plan_runs(raw.data, cfg.bench.variants if cfg.bench else [], 1, 1, Path("."))
     checks = ([_check_shardable] if fsdp else []) + ([_check_zero] if zero else [])
     for check in checks:
@@ -222,6 +223,16 @@ def _check_builtin_names(cfg: Any, source: str) -> None:
     for section, index, task in places:
         if task.builtin is not None and task.builtin not in known_task_names():
             raise ConfigError(f"{source}: {section}.{index}: {unknown_task(task.builtin)}")
+
+
+def _check_local_inputs(cfg: Any, source: str) -> None:
+    """The local data and model folder read as ``run`` reads them (hub ids are left to it)."""
+    from forgetless.training.inputs import check_local_inputs
+
+    try:
+        check_local_inputs(cfg)
+    except ForgetlessError as err:
+        raise type(err)(f"{source}: {err}") from None
 
 
 @app.command()

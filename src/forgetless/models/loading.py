@@ -22,7 +22,7 @@ from forgetless.models.gguf import converted_model_dir
 from forgetless.models.quantized import prepare_quantized, quantized_load_kwargs
 
 
-def _looks_local(name: str) -> bool:
+def looks_local(name: str) -> bool:
     return name.startswith(("/", "./", "../", "~")) or Path(name).expanduser().exists()
 
 
@@ -32,7 +32,7 @@ def resolve_source(name: str, announce: Any = None) -> str:
     converted = converted_model_dir(name, announce)
     if converted is not None:
         return str(converted)
-    if not _looks_local(name):
+    if not looks_local(name):
         return name
     path = Path(name).expanduser()
     if not path.is_dir():

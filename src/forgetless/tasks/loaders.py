@@ -177,6 +177,12 @@ def _hub_dataset(path: str) -> bool:
     return path not in builders and not Path(path).expanduser().exists()
 
 
+def reads_local_files(cfg: TaskConfig) -> bool:
+    """Whether building the task reads local files only: a JSONL source, or a dataset that is a
+    local folder or a builder over local files (not a hub id)."""
+    return cfg.jsonl is not None or (cfg.hf is not None and not _hub_dataset(cfg.hf.path))
+
+
 def _check_reachable(src: HFSource) -> None:
     """A hub dataset that cannot be downloaded now and is not cached: refused at once."""
     if not _hub_dataset(src.path):

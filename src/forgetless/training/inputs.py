@@ -68,3 +68,42 @@ def changed_inputs(before: dict[str, Fingerprint], now: dict[str, Fingerprint]) 
     if not before:
         return []
     return sorted(p for p in set(before) | set(now) if before.get(p) != now.get(p))
+
+
+def check_local_inputs(cfg: RunConfig) -> None:
+    """Read what ``run`` would read of the local inputs, offline and without the model's
+    weights: every JSONL task and probe, every dataset on local files, and the model folder or
+    GGUF file. A hub id (model or dataset) is left to ``run``, which may download it. Raises
+    the loaders' one-line error, prefixed with the config's place."""
+    from forgetless.errors import ForgetlessError
+    from forgetless.tasks.loaders import build_task, reads_local_files
+
+    model = cfg.model.name_or_path
+    if model is not None:
+        _check_local_model(str(model))
+    places = [("tasks", i, t, False) for i, t in enumerate(cfg.tasks)]
+    places += [
+        ("probes", i, p, True) for i, p in enumerate(cfg.probes) if isinstance(p, TaskConfig)
+    ]
+    for section, index, task, probe in places:
+        if not reads_local_files(task):
+            continue
+        try:
+            build_task(task, cfg.eval, cfg.seed, probe)
+        except ForgetlessError as err:
+            raise type(err)(f"{section}.{index}: {err}") from None
+
+
+def _check_local_model(name: str) -> None:
+    from forgetless.models.gguf import PACKAGED_MODELS
+    from forgetless.models.loading import looks_local, resolve_source
+
+    if name in PACKAGED_MODELS or not (looks_local(name) or name.endswith(".gguf")):
+        return  # a packaged model is converted on first use; a hub id is run's to fetch
+    if name.endswith(".gguf"):
+        if not Path(name).expanduser().is_file():
+            from forgetless.errors import ModelLoadError
+
+            raise ModelLoadError(f"model.name_or_path: no such GGUF file: {name}")
+        return
+    resolve_source(name)
