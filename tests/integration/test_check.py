@@ -110,13 +110,41 @@ def test_bad_input_is_one_line_and_exit_2(
             [str(base_dir), "--base", str(base_dir), "--probes", str(tmp_path / "p.jsonl")],
             "--probes: data file not found",
         ),
+        (
+            [str(base_dir), "--base", str(base_dir), "--probes", str(tmp_path / "qa.jsonl")],
+            "--probes: "
+            + str(
+                tmp_path / "qa.jsonl:1: no column 'prompt'; found: question, "
+                "answer (check reads the keys prompt and completion)"
+            ),
+        ),
     ]
+    (tmp_path / "qa.jsonl").write_text('{"question": "a", "answer": "b"}\n', encoding="utf-8")
     for args, place in cases:
         code, out, err = check(capsys, *args, "--max-loss", "0.1", *FAST)
         assert code == 2 and err.startswith(f"error: {place}"), (args, err)
         assert err.count("\n") == 1 and not out
     code, _, err = check(capsys, str(base_dir), "--base", str(base_dir), "--probes", "copy")
     assert code == 2 and "--max-loss" in err
+
+
+def test_a_folder_of_models_says_which_to_give(
+    base_dir: Path, forgetful_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run folder points to export; a folder of named adapters lists them."""
+    model = load_model(str(base_dir), ModelConfig())
+    adapter = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"]))
+    adapter.save_pretrained(str(tmp_path / "adapters" / "default"))
+    run = forgetful_dir.parent / "run"
+    cases = [
+        (run, f"is a forgetless run folder, not a model; export its model first: "
+              f"forgetless export {run} OUT"),
+        (tmp_path / "adapters", f"holds adapters by name; give one: {tmp_path}/adapters/default"),
+    ]  # fmt: skip
+    for folder, says in cases:
+        args = [str(folder), "--base", str(base_dir), "--probes", "copy", "--max-loss", "0.1"]
+        code, _, err = check(capsys, *args, *FAST)
+        assert code == 2 and err.startswith("error: MODEL_OR_ADAPTER: ") and says in err, err
 
 
 def test_the_gate_statistic_on_hand_made_items() -> None:

@@ -110,7 +110,7 @@ def probe_tasks(spec: str, n_eval: int, seed: int) -> list[Task]:
     from forgetless.config.evaluation import LMEVAL_PREFIX
     from forgetless.config.schema import EvalConfig, JsonlSource, TaskConfig
     from forgetless.errors import ConfigError, DataError
-    from forgetless.tasks.loaders import build_task
+    from forgetless.tasks.loaders import JSONL_HINT, build_task
 
     names = [s.strip() for s in spec.split(",") if s.strip()]
     if not names:
@@ -136,8 +136,9 @@ def probe_tasks(spec: str, n_eval: int, seed: int) -> list[Task]:
         except ValidationError as err:
             first = err.errors()[0]["msg"]
             raise ConfigError(f"--probes: {name}: {first}") from None
-        except DataError as err:
-            raise DataError(f"--probes: {err}") from None
+        except DataError as err:  # check takes no column map: the keys must be the usual ones
+            said = str(err).replace(JSONL_HINT, " (check reads the keys prompt and completion)")
+            raise DataError(f"--probes: {said}") from None
     return tasks
 
 
@@ -154,12 +155,32 @@ def load_pair(model: str, base: str, cfg: ModelConfig) -> tuple[Any, Any, Any]:
         with _place("--base"):
             onto = load_model(base_source, cfg)
         return _with_adapter(onto, folder, base), reference, tokenizer
+    _refuse_a_folder_of_models(folder)
     source = _source(model, "MODEL_OR_ADAPTER")
     with _place("MODEL_OR_ADAPTER"):
         candidate = load_model(source, cfg)
         if _has_tokenizer(source):
             _same_tokenizer(load_tokenizer(source, cfg), tokenizer)
     return candidate, reference, tokenizer
+
+
+def _refuse_a_folder_of_models(folder: Path) -> None:
+    """A run folder, or a folder of named adapters, holds models but is none: say which to use."""
+    from forgetless.core.ownership import folder_owner
+    from forgetless.errors import ModelLoadError
+
+    if not folder.is_dir() or (folder / "config.json").is_file():
+        return
+    if folder_owner(folder) == "run":
+        raise ModelLoadError(
+            f"MODEL_OR_ADAPTER: {folder} is a forgetless run folder, not a model; export its "
+            f"model first: forgetless export {folder} OUT (--task N for an earlier task's)"
+        )
+    inner = sorted(str(p.parent) for p in folder.glob("*/adapter_config.json"))
+    if inner:
+        raise ModelLoadError(
+            f"MODEL_OR_ADAPTER: {folder} holds adapters by name; give one: {', '.join(inner)}"
+        )
 
 
 def _source(name: str, place: str) -> str:
