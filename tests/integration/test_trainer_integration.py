@@ -310,6 +310,16 @@ def test_refusal_names_the_stage_and_the_way_out() -> None:
     assert line.endswith("run it with forgetless.ContinualTrainer(..., method='anchored')")
 
 
+def test_a_bad_method_name_or_option_is_one_line() -> None:
+    from forgetless.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"unknown method 'ewcc'; known: .*did you mean 'ewc'"):
+        with_method(Trainer, "ewcc")
+    with pytest.raises(ConfigError) as caught:
+        with_method(Trainer, "ewc", lamda=5.0)
+    assert str(caught.value) == "method 'ewc': lamda: Extra inputs are not permitted"
+
+
 class Recorder(TrainerCallback):
     """What every ``report_to`` integration receives: the dicts of ``on_log``."""
 

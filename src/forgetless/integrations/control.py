@@ -17,10 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import ValidationError
 from torch import nn
 from transformers import AutoModelForCausalLM
 
 from forgetless.config.budget import BudgetConfig
+from forgetless.config.loading import format_validation_error
 from forgetless.contract.method import (
     Capability,
     Method,
@@ -31,9 +33,9 @@ from forgetless.contract.method import (
     TaskContext,
     TaskEndContext,
     create_method,
-    method_class,
 )
 from forgetless.contract.plan import TrainStats
+from forgetless.core import registry
 from forgetless.engine.budget import BudgetMonitor
 from forgetless.errors import ConfigError
 from forgetless.integrations.batches import features_of
@@ -63,11 +65,24 @@ def build_method(
     elif isinstance(method, MethodConfig):
         built = create_method(method.model_copy(update=dict(options)))
     else:
-        cls = method_class(method)
-        built = cls(cls.config_cls.model_validate({"name": method, **options}))
+        built = _named_method(method, options)
     line = refusal(type(built))
     if line is not None:
         raise TrainerRefusal(line)
+    return built
+
+
+def _named_method(name: str, options: Mapping[str, Any]) -> Method[Any]:
+    """The registered method ``name`` with its config's ``options``; a one-line ConfigError
+    for an unknown name or a bad option (as a config file gets)."""
+    cls = registry.lookup(name)
+    if cls is None:
+        raise ConfigError(registry.unknown_method(name))
+    try:
+        config = cls.config_cls.model_validate({"name": name, **options})
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err, f"method {name!r}")) from None
+    built: Method[Any] = cls(config)
     return built
 
 
