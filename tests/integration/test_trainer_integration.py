@@ -317,7 +317,9 @@ def test_a_bad_method_name_or_option_is_one_line() -> None:
         with_method(Trainer, "ewcc")
     with pytest.raises(ConfigError) as caught:
         with_method(Trainer, "ewc", lamda=5.0)
-    assert str(caught.value) == "method 'ewc': lamda: Extra inputs are not permitted"
+    assert str(caught.value) == (
+        "method 'ewc': lamda: Extra inputs are not permitted; did you mean 'lam'?"
+    )
 
 
 class Recorder(TrainerCallback):

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -128,3 +129,31 @@ def test_finetune_takes_its_mode_alone() -> None:
     assert cfg.finetune.mode == "lora" and cfg.finetune.lora.regime == "carry"
     with pytest.raises(ConfigError, match=r"^x.yaml: finetune.mode: .*'full' or 'lora'"):
         validate_config({"tasks": ["reverse"], "finetune": "qlora"}, "x.yaml")
+
+
+@pytest.mark.parametrize(
+    ("data", "said"),
+    [
+        (
+            {"train": {"batchsize": 3}},
+            "train.batchsize: Extra inputs are not permitted; did you mean 'batch_size'?",
+        ),
+        (
+            {"tasks": ["copy", {"builtin": "upper", "n_trian": 3}]},
+            "tasks.1.n_trian: Extra inputs are not permitted; did you mean 'n_train'?",
+        ),
+        ({"eval": {"zzz": 1}}, "eval.zzz: Extra inputs are not permitted"),
+        (
+            {"tasks": ["copy", {"builtin": "upper", "scorer": "bogus"}]},
+            "tasks.1.scorer: unknown scorer kind 'bogus'",
+        ),
+    ],
+)
+def test_a_config_error_reads_as_a_person_would_write_it(data: dict[str, Any], said: str) -> None:
+    """No pydantic prefix before a validator's words; an unknown field gets the closest name."""
+    with pytest.raises(ConfigError) as caught:
+        validate_config(data, "c.yaml")
+    message = str(caught.value)
+    assert message.startswith(f"c.yaml: {said}") and "Value error" not in message, message
+    if "zzz" in said:
+        assert "did you mean" not in message

@@ -341,7 +341,7 @@ def test_multiple_choice_scorer_needs_choices(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("scorer", "needle"),
     [
-        ("bogus", "tasks.0.scorer: Value error, unknown scorer kind 'bogus'"),
+        ("bogus", "tasks.0.scorer: unknown scorer kind 'bogus'"),
         ({"kind": "regex", "pattern": "("}, "scorer.pattern is not a valid regex"),
         ({"kind": "regex", "pattern": "a", "group": 1}, "scorer.group 1 but the pattern has 0"),
         ({"kind": "numeric", "tolerance": -1}, "tasks.0.scorer.numeric.tolerance"),

@@ -5,13 +5,14 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, get_args
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
 from forgetless.config.bounds import check_fits
 from forgetless.config.schema import RunConfig
+from forgetless.core import registry
 from forgetless.errors import ConfigError
 
 T = TypeVar("T", bound=BaseModel)
@@ -81,13 +82,51 @@ def _index(node: list[Any], part: str, assignment: str) -> int:
     return int(part)
 
 
-def format_validation_error(err: ValidationError, source: str) -> str:
-    """All of a ValidationError on one line: ``source: field.path: message; ...``."""
+PYDANTIC_PREFIXES = ("Value error, ", "Assertion failed, ")
+"""What pydantic puts before a validator's own message: noise on a line read by a person."""
+
+
+def format_validation_error(
+    err: ValidationError, source: str, root: type[BaseModel] | None = None
+) -> str:
+    """All of a ValidationError on one line: ``source: field.path: message; ...``; with the
+    ``root`` model, an unknown field gets the closest known name (``did you mean``)."""
     parts = []
     for item in err.errors():
         loc = ".".join(_printable(p) for p in item["loc"] if not _is_union_tag(p)) or "<root>"
-        parts.append(f"{loc}: {' '.join(str(item['msg']).split())}")
+        msg = " ".join(str(item["msg"]).split())
+        msg = next((msg[len(p) :] for p in PYDANTIC_PREFIXES if msg.startswith(p)), msg)
+        if root is not None and item["type"] == "extra_forbidden" and item["loc"]:
+            known = fields_at(root, item["loc"][:-1])
+            msg += registry.did_you_mean(str(item["loc"][-1]), known)
+        parts.append(f"{loc}: {msg}")
     return f"{source}: " + "; ".join(parts)
+
+
+def fields_at(root: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """The field names of the model(s) at ``loc`` under ``root`` (list items and union tags
+    followed), or none when the path leaves the models."""
+    models = [root]
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        if _is_union_tag(part):
+            models = [m for m in models if m.__name__ == part] or models
+            continue
+        models = [
+            inner
+            for m in models
+            if part in m.model_fields
+            for inner in _models_in(m.model_fields[part].annotation)
+        ]
+    return sorted({name for m in models for name in m.model_fields})
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The pydantic models an annotation holds (through Optional, unions, lists, Annotated)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in get_args(annotation) for m in _models_in(arg)]
 
 
 def _printable(part: Any) -> str:
@@ -105,7 +144,7 @@ def validate_config(data: dict[str, Any], source: str = "config") -> RunConfig:
     try:
         config = RunConfig.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(format_validation_error(err, source)) from None
+        raise ConfigError(format_validation_error(err, source, RunConfig)) from None
     check_fits(config, source)
     return config
 

@@ -81,7 +81,9 @@ def _named_method(name: str, options: Mapping[str, Any]) -> Method[Any]:
     try:
         config = cls.config_cls.model_validate({"name": name, **options})
     except ValidationError as err:
-        raise ConfigError(format_validation_error(err, f"method {name!r}")) from None
+        raise ConfigError(
+            format_validation_error(err, f"method {name!r}", cls.config_cls)
+        ) from None
     built: Method[Any] = cls(config)
     return built
 
