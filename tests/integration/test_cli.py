@@ -172,3 +172,27 @@ def test_methods_listing_marks_the_experimental_corner_without_warning() -> None
     assert "ExperimentalWarning" not in done.stderr, done.stderr
     assert "gcwm (experimental)" in done.stdout
     assert "SFT + static KL to the base model" in done.stdout
+
+
+def test_run_takes_a_thread_count(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`run --threads N` (a busy or shared machine) is what the run's runtime records."""
+    import json
+
+    import torch
+
+    from forgetless.cli.app import run_cli
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)  # so that the run's 1 comes from the option
+    config = write_config(tmp_path / "c.yaml", tiny_run_config(tiny_model_dir, tasks=["reverse"]))
+    try:
+        code = run_cli(
+            ["run", str(config), "--out", str(tmp_path / "r"), "--quiet", "--threads", "1"]
+        )
+        assert code == 0, capsys.readouterr().err
+    finally:
+        torch.set_num_threads(before)
+    runtime = json.loads((tmp_path / "r" / "results.json").read_text())["runtime"]
+    assert runtime["threads"] == 1

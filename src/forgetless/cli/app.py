@@ -43,6 +43,12 @@ def run(
     ] = False,
     quiet: QuietOpt = False,
     preset: PresetOpt = None,
+    threads: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option(
+            min=1, help="CPU threads (default: torch's, one per core; fewer on a busy machine)."
+        ),
+    ] = None,
 ) -> None:
     """Train the task sequence, evaluating after each task; re-run to resume."""
     import os
@@ -73,6 +79,10 @@ def run(
     for line in size_warnings(cfg, config_source(config, preset)):
         console.print(line, markup=False, highlight=False, soft_wrap=True)
 
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
     results = Runner(
         cfg, out_dir, console, progress=not quiet, allow_config_change=allow_config_change
     ).run()
