@@ -44,6 +44,7 @@ def _worker(rank: int, init: str, out: str) -> None:
             "local": [local[0], local[1]],
         }
         Path(out, f"{rank}.json").write_text(json.dumps(record), encoding="utf-8")
+        dist.barrier()  # no rank tears gloo down while the other's last collective drains
     finally:
         dist.destroy_process_group()
 
@@ -227,6 +228,7 @@ def _shard_worker(rank: int, init: str, out: str) -> None:
             "state_back": bool(torch.equal(back["fisher"][name], state["fisher"][name])),
         }
         Path(out, f"{rank}.json").write_text(json.dumps(record), encoding="utf-8")
+        dist.barrier()  # no rank tears gloo down while the other's last collective drains
     finally:
         dist.destroy_process_group()
 
