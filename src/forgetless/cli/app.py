@@ -170,7 +170,8 @@ def _print_memory_plan(cfg: Any, methods: str | None) -> None:
     console.print(table)
     console.print(
         "own: the method's state (reference copies, Fisher, buffers); activ.: one micro-batch "
-        "at train.batch_size x max_length; ckpt: gradient checkpointing",
+        "at train.batch_size x max_length, every position labelled (an upper bound: most "
+        "methods compute the logits over the completion alone); ckpt: gradient checkpointing",
         soft_wrap=True,
     )
     for plain, _ in rows:
