@@ -202,13 +202,19 @@ def judge_family(
             for o, s in judged.orders.items()
         }
         judged.verdict_a = verdicts.get("a", "not run")
-        judged.verdict = _final(verdicts)
+        judged.verdict = _final(verdicts, judged.orders.get("b", {}).get("n") or 0, seeds)
     return family
 
 
-def _final(verdicts: dict[str, str]) -> str:
+def _final(verdicts: dict[str, str], b_seeds: int, seeds: int) -> str:
+    """Order A's verdict, where it is final alone; a "retains more" or "less" waits for order
+    B's seeds (the plan runs every such arm there) and holds only where B agrees."""
     a, b = verdicts.get("a", "not run"), verdicts.get("b", "not run")
-    if a in ("retains more", "retains less") and b != a:
+    if a not in ("retains more", "retains less"):
+        return a
+    if b == "not run" or b.startswith("pending"):
+        return f"pending (order B: {b_seeds} of {seeds} seeds)"
+    if b != a:
         return f"{a} in order A only (order B: {b})"
     return a
 

@@ -221,6 +221,23 @@ def test_order_b_waits_for_order_a_and_takes_the_arms_it_judged() -> None:
         verdicts.order_b_arms(PLAN, pending, chosen)
 
 
+def test_a_verdict_that_needs_order_b_waits_for_its_seeds() -> None:
+    """"Retains more" in order A is final only with order B's five seeds: until then the row is
+    pending (and the then-and-now count waits), and it holds only where B agrees."""
+    arms = {"replay": (0.55, 0.75), "seq_ft": (0.55, 0.60)}
+    order_a = campaign(arms, {})
+    order_b = {key: run for key, run in order_a.items() if key.endswith(("/s1000", "/s1001"))}
+
+    def replay(orders: dict[str, Any]) -> Judged:
+        return next(j for j in judge_family(PLAN, orders) if j.arm == "replay")
+
+    assert replay({"a": order_a}).verdict == "pending (order B: 0 of 5 seeds)"
+    assert replay({"a": order_a, "b": order_b}).verdict == "pending (order B: 2 of 5 seeds)"
+    assert replay({"a": order_a, "b": order_a}).verdict == "retains more"
+    lost = campaign({"replay": (0.55, 0.50), "seq_ft": (0.55, 0.60)}, {})
+    assert replay({"a": order_a, "b": lost}).verdict.startswith("retains more in order A only")
+
+
 def test_then_and_now_counts_the_verdicts_that_moved_and_says_why() -> None:
     """The first campaign's labels are read from its kept runs (as docs/findings.md prints
     them); a row counts once final, and a move names the design difference behind it."""
