@@ -222,7 +222,7 @@ def test_order_b_waits_for_order_a_and_takes_the_arms_it_judged() -> None:
 
 
 def test_a_verdict_that_needs_order_b_waits_for_its_seeds() -> None:
-    """"Retains more" in order A is final only with order B's five seeds: until then the row is
+    """ "Retains more" in order A is final only with order B's five seeds: until then the row is
     pending (and the then-and-now count waits), and it holds only where B agrees."""
     arms = {"replay": (0.55, 0.75), "seq_ft": (0.55, 0.60)}
     order_a = campaign(arms, {})
