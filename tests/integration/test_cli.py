@@ -196,3 +196,22 @@ def test_run_takes_a_thread_count(
         torch.set_num_threads(before)
     runtime = json.loads((tmp_path / "r" / "results.json").read_text())["runtime"]
     assert runtime["threads"] == 1
+
+
+def test_report_reads_a_budgeted_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A run's grouped metrics (a budget's summary) are rows of their own in its report."""
+    from forgetless.cli.app import run_cli
+    from forgetless.config.schema import ModelConfig
+    from forgetless.training.pretrain import shipped_base_dir
+
+    base = shipped_base_dir(ModelConfig())  # it knows the copy probe the budget keeps
+    assert base is not None
+    budget = {"max_loss": 0.5, "probe_batch": 8}
+    data = tiny_run_config(base, method={"name": "ewc"}, budget=budget)
+    config = write_config(tmp_path / "c.yaml", data)
+    run = tmp_path / "r"
+    assert run_cli(["run", str(config), "--out", str(run), "--quiet"]) == 0, capsys.readouterr()
+    assert run_cli(["report", str(run)]) == 0, capsys.readouterr().err
+    report = (run / "report.md").read_text(encoding="utf-8")
+    assert "| budget: kept_every_task |" in report and "| budget: end_value |" in report
+    assert "Each task by its own scorer" in report

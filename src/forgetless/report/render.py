@@ -163,7 +163,14 @@ DETAIL_KEYS = ("kl_drift", "probe_retention", "warnings", "forgetting_since")
 def _metric_rows(results: dict[str, Any]) -> list[list[str]]:
     metrics = dict(results["metrics"])
     drift = metrics.get("kl_drift") or {}
-    rows = [[k, _cell(v)] for k, v in metrics.items() if k not in DETAIL_KEYS]
+    rows = []
+    for key, value in metrics.items():
+        if key in DETAIL_KEYS:
+            continue
+        if isinstance(value, dict) and "mean" not in value:  # a group (budget, prose): its parts
+            rows += [[f"{key}: {part}", _cell(v)] for part, v in value.items()]
+        else:
+            rows.append([key, _cell(value)])
     rows += [
         ["KL(base ‖ model)", _cell(drift.get("base_to_model"))],
         ["KL(model ‖ base)", _cell(drift.get("model_to_base"))],
@@ -196,7 +203,11 @@ def sections_for_run(
     method = results["config"]["method"]["name"]
     sections = [
         Section(
-            "Accuracy matrix", "Exact match; row 0 is the model before any training.", headers, rows
+            "Accuracy matrix",
+            "Each task by its own scorer (exact match unless the task names another: "
+            "docs/evaluation.md); row 0 is the model before any training.",
+            headers,
+            rows,
         ),
         Section(
             "Metrics",

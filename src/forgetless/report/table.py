@@ -30,7 +30,7 @@ def _fmt(value: Any) -> str:
 
 def accuracy_table(results: dict[str, Any]) -> Table:
     """Rows: base, then after each task; columns: sequence tasks, then probes."""
-    table = Table(title="Accuracy matrix (exact match)")
+    table = Table(title="Accuracy matrix (each task by its own scorer)")
     table.add_column("after")
     for name in results["tasks"]:
         table.add_column(name, justify="right")
