@@ -5,6 +5,7 @@ merges under interrupts, and resumes that check what they resume."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -242,6 +243,20 @@ def test_diagnoses_never_replace_a_runs_files(
     expected = "is a folder; give a file path" if target == "." else "is not a"
     assert expected in one_line(err)
     assert snapshot(run) == before
+
+
+@pytest.mark.parametrize("command", ["circuits", "drift"])
+def test_checkpoints_that_share_only_the_root_need_an_out(
+    command: str, tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two models from unrelated places share only /: nothing is written there by default."""
+    from forgetless.config.schema import ModelConfig
+    from forgetless.training.pretrain import shipped_base_dir
+
+    shipped = shipped_base_dir(ModelConfig())
+    assert shipped is not None and Path(os.path.commonpath([shipped, tiny_model_dir])) == Path("/")
+    code, err = cli(capsys, "diagnose", command, str(shipped), str(tiny_model_dir))
+    assert code == 2 and "--out: the checkpoints share no folder but /; name where" in err, err
 
 
 def test_geometry_replaces_its_own_output_only(
