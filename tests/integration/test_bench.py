@@ -139,6 +139,7 @@ def test_compare_reports_only_separated_intervals() -> None:
     near = {"mean": -0.88, "low": -0.99, "high": -0.8, "n": 3}
     assert compare(high, low) == "higher" and compare(low, high) == "lower"
     assert compare(near, low) == "overlap" and compare(None, low) == "n/a"
+    assert compare({**high, "n": 2}, low) == "too few seeds"  # two runs give no interval
 
 
 def test_campaign_keeps_runs_and_skips_what_is_kept(

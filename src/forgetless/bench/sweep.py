@@ -21,7 +21,7 @@ from forgetless.bench.campaign import (
 )
 from forgetless.bench.cluster import run_on_cluster
 from forgetless.bench.jobs import Job, check_jobs, run_parallel, threads_per_job
-from forgetless.bench.stats import Interval, mean_interval, separated
+from forgetless.bench.stats import MIN_SEEDS, Interval, mean_interval, separated
 from forgetless.bench.variants import ClusterSection, Variant, run_folder_name, task_order
 from forgetless.config.loading import apply_override, validate_config
 from forgetless.config.schema import RunConfig
@@ -157,10 +157,13 @@ def aggregate(runs: list[dict[str, Any]], variants: list[Variant]) -> list[dict[
 
 
 def compare(value: dict[str, Any] | None, reference: dict[str, Any] | None) -> str:
-    """'higher' / 'lower' when the 95% intervals separate, else 'overlap' (or 'n/a')."""
+    """'higher' / 'lower' when the 95% intervals separate, else 'overlap'; 'n/a' without a
+    value, and 'too few seeds' below ``MIN_SEEDS`` runs a side (no interval to compare)."""
     if value is None or reference is None:
         return "n/a"
     a, b = (Interval(v["mean"], v["low"], v["high"], v["n"]) for v in (value, reference))
+    if min(a.n, b.n) < MIN_SEEDS:
+        return "too few seeds"
     if not separated(a, b):
         return "overlap"
     return "higher" if a.mean > b.mean else "lower"
