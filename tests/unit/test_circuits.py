@@ -302,3 +302,24 @@ def test_diagnose_circuits_and_drift_commands(tmp_path: Path) -> None:
     drift = json.loads((tmp_path / "drift.json").read_text())["rows"]
     assert drift[0]["kl_base_to_model"] == pytest.approx(0.0, abs=1e-6)
     assert drift[2]["kl_base_to_model"] > drift[1]["kl_base_to_model"] > 0
+
+
+def test_the_retention_plot_has_a_point_per_checkpoint_not_named_by_epoch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Checkpoints named by epoch (sft-epoch-N, rl-epoch-N) are lines per objective; any other
+    names get one point each, in the order given (the plot was left empty for them)."""
+    from forgetless.diagnostics import diagnose_circuits as dc
+
+    monkeypatch.setattr(dc, "_save", lambda fig, path, **kw: fig)
+    rows = [
+        {"model": "base", "retention": None},
+        {"model": "/x/exp_t1", "retention": 1.0},
+        {"model": "/x/exp_t2", "retention": 0.5},
+    ]
+    fig: Any = dc.plot_retention(rows, Path("unused.png"))
+    (line,) = fig.axes[0].get_lines()
+    assert list(line.get_ydata()) == [1.0, 0.5]
+    epochs = [{"model": f"/r/sft-epoch-{i}", "retention": 1.0 - i / 10} for i in (1, 2)]
+    fig = dc.plot_retention(rows[:1] + epochs, Path("unused.png"))
+    assert [list(x.get_xdata()) for x in fig.axes[0].get_lines()] == [[1, 2]]

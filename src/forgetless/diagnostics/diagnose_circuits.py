@@ -382,6 +382,13 @@ def plot_masks(rows: list[dict[str, Any]], path: Path) -> Path:
     return _save(fig, path, tight=False)
 
 
+def _per_checkpoint(ax: Any, rows: list[dict[str, Any]]) -> None:
+    names = [row["model"].split("/")[-1] for row in rows]
+    ax.plot(range(len(rows)), [row["retention"] for row in rows], marker="o")
+    ax.set_xticks(range(len(rows)), names, rotation=30, ha="right", fontsize=7)
+    ax.set_xlabel("checkpoint")
+
+
 def plot_retention(rows: list[dict[str, Any]], path: Path) -> Path:
     """Base-circuit retention per epoch, one line per objective (SFT, RL)."""
     import matplotlib
@@ -400,7 +407,10 @@ def plot_retention(rows: list[dict[str, Any]], path: Path) -> Path:
         )
         if pts:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=kind.upper())
-    ax.set_xlabel("epoch of the objective (RL starts from the last SFT epoch)")
+    if ax.get_lines():
+        ax.set_xlabel("epoch of the objective (RL starts from the last SFT epoch)")
+    else:  # checkpoints not named by epoch: one point per checkpoint, in the order given
+        _per_checkpoint(ax, [r for r in rows if r.get("retention") is not None])
     ax.set_ylabel("base-circuit retention")
     ax.set_ylim(0, 1.05)
     if ax.get_legend_handles_labels()[0]:
