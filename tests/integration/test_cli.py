@@ -215,3 +215,17 @@ def test_report_reads_a_budgeted_run(tmp_path: Path, capsys: pytest.CaptureFixtu
     report = (run / "report.md").read_text(encoding="utf-8")
     assert "| budget: kept_every_task |" in report and "| budget: end_value |" in report
     assert "Each task by its own scorer" in report
+
+
+def test_forgetless_warnings_print_as_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    import warnings
+
+    from forgetless.cli.app import one_line_warnings
+
+    monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)  # put back after
+    one_line_warnings()
+    experimental = type("ExperimentalWarning", (UserWarning,), {"__module__": "forgetless.x"})
+    said = warnings.formatwarning("it may change", experimental, "/lib/importlib.py", 126, "x")
+    assert said == "warning: it may change\n"
+    other = warnings.formatwarning("theirs", FutureWarning, "/lib/peft.py", 3, "x")
+    assert "/lib/peft.py:3: FutureWarning: theirs" in other

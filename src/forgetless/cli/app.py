@@ -590,11 +590,33 @@ def _interrupted() -> int:
     return code
 
 
+def one_line_warnings() -> None:
+    """forgetless's own warnings print as one line, as its errors do (Python's format adds the
+    file that raised it and its source line); other packages' keep Python's format."""
+    import warnings
+
+    plain = warnings.formatwarning
+
+    def formatted(
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        line: str | None = None,
+    ) -> str:
+        if category.__module__.startswith("forgetless"):
+            return f"warning: {message}\n"
+        return plain(message, category, filename, lineno, line)
+
+    warnings.formatwarning = formatted
+
+
 def main() -> None:
     import atexit
     import signal
     import threading
 
+    one_line_warnings()
     _INTERRUPTS.reset()
     # an ignored SIGINT (a background job of a script) stays ignored, as Python leaves it
     default = signal.getsignal(signal.SIGINT) is signal.default_int_handler
