@@ -166,3 +166,10 @@ def test_the_probe_batch_draws_only_held_out_examples() -> None:
         probe_batch([mc], 8)
     with pytest.raises(ConfigError, match="'gk-short' has fewer than 300"):
         probe_batch([mc, short], 300)
+
+
+def test_a_retention_budget_that_cannot_bind_is_refused() -> None:
+    with pytest.raises(ValidationError, match=r"max_loss 1\.5 can never bind"):
+        BudgetConfig(max_loss=1.5)
+    assert BudgetConfig(max_loss=1.5, metric="kl_to_base").max_loss == 1.5  # nats: no cap
+    assert BudgetConfig(max_loss=0.99).max_loss == 0.99

@@ -53,6 +53,15 @@ class BudgetConfig(StrictModel):
             raise ValueError("budget.controller adaptive_kl holds a KL target: metric kl_to_base")
         return self
 
+    @model_validator(mode="after")
+    def _retention_loss_can_bind(self) -> BudgetConfig:
+        if self.metric == "retention" and self.max_loss >= 1:
+            raise ValueError(
+                f"max_loss {self.max_loss:g} can never bind: retention loses at most 1 "
+                "(0.05 keeps 95% of the probes' skill)"
+            )
+        return self
+
     def every(self, task_steps: int) -> int:
         """The check interval for a task of ``task_steps`` steps."""
         return self.check_every or max(1, task_steps // 20)
