@@ -280,3 +280,26 @@ def test_jobs_are_refused_under_a_distributed_launch(
     base, quiet = tiny_run_config(tmp_path / "model", tasks=["reverse"]), Console(quiet=True)
     with pytest.raises(ConfigError, match="not under a distributed launch"):
         sweep.run_bench(base, [parse_variant("seq_ft")], 1, 1, tmp_path, quiet, jobs=2)
+
+
+def test_a_budgeted_bench_says_how_many_runs_kept_it(tmp_path: Path) -> None:
+    from forgetless.report.render import sections_for_bench
+
+    def run(variant: str, seed: int, kept: bool | None) -> dict[str, Any]:
+        metrics: dict[str, Any] = {"average_accuracy": 0.5, "bwt": -0.1}
+        if kept is not None:
+            metrics["budget"] = {"kept_every_task": kept, "tasks_kept": 1, "end_value": 1.0}
+        folder = str(tmp_path / variant / f"s{seed}")
+        return {"variant": variant, "folder": folder, "seed": seed, "tasks": ["a"],
+                "metrics": metrics, "train_seconds": 1.0, "steps": 4}  # fmt: skip
+
+    runs = [run("seq_ft", 0, None), run("ewc", 0, True), run("ewc", 1, False)]
+    variants = [
+        {"name": "seq_ft", "method": {"name": "seq_ft"}},
+        {"name": "ewc", "method": {"name": "ewc"}},
+    ]
+    bench = {"seeds": 2, "orders": 1, "runs": runs, "variants": variants}
+    _, sections, _ = sections_for_bench(bench, tmp_path)
+    table = sections[0]
+    assert table.headers[-1] == "budget kept (runs)"
+    assert [row[-1] for row in table.rows] == ["n/a", "1 of 2"]

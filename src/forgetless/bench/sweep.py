@@ -144,6 +144,11 @@ def aggregate(runs: list[dict[str, Any]], variants: list[Variant]) -> list[dict[
         for key in ("train_seconds", "steps"):
             interval = mean_interval([r[key] for r in mine])
             row[key] = interval.as_dict() if interval else None
+        budgets = [r["metrics"]["budget"] for r in mine if r["metrics"].get("budget")]
+        if budgets:  # how many runs kept their forgetting budget after every task
+            row["budget_kept"] = (
+                f"{sum(bool(b['kept_every_task']) for b in budgets)} of {len(budgets)}"
+            )
         rows.append(row)
     reference = next((r for r in rows if r["method"] == "seq_ft"), None)
     for row in rows:

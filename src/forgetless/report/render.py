@@ -311,11 +311,15 @@ def sections_for_bench(
         f"{bench['seeds']} seed(s) × {bench['orders']} task order(s) per variant; "
         "mean ± half-width of the 95% t-interval. Joint training (mtl) has no BWT/FWT."
     )
-    return (
-        "forgetless bench",
-        [Section("Variants side by side", note, HEADERS, bench_table_rows(bench["rows"]))],
-        pictures,
-    )
+    headers, table = HEADERS, bench_table_rows(bench["rows"])
+    if any("budget_kept" in row for row in bench["rows"]):
+        headers = [*HEADERS, "budget kept (runs)"]
+        table = [
+            [*cells, row.get("budget_kept", "n/a")]
+            for cells, row in zip(table, bench["rows"], strict=True)
+        ]
+        note += " Budget kept: the runs that ended every task within the forgetting budget."
+    return "forgetless bench", [Section("Variants side by side", note, headers, table)], pictures
 
 
 def write_report(folder: Path) -> tuple[Path, Path]:
