@@ -5,7 +5,6 @@ merges under interrupts, and resumes that check what they resume."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -245,18 +244,18 @@ def test_diagnoses_never_replace_a_runs_files(
     assert snapshot(run) == before
 
 
-@pytest.mark.parametrize("command", ["circuits", "drift"])
-def test_checkpoints_that_share_only_the_root_need_an_out(
-    command: str, tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """Two models from unrelated places share only /: nothing is written there by default."""
-    from forgetless.config.schema import ModelConfig
-    from forgetless.training.pretrain import shipped_base_dir
+def test_checkpoints_that_share_only_the_root_need_an_out(tmp_path: Path) -> None:
+    """circuits' and drift's default output goes beside the checkpoints, in the folder they
+    share; models from unrelated places share only /, where nothing is written by default."""
+    from forgetless.cli.diagnose import beside_checkpoints
+    from forgetless.errors import ConfigError
 
-    shipped = shipped_base_dir(ModelConfig())
-    assert shipped is not None and Path(os.path.commonpath([shipped, tiny_model_dir])) == Path("/")
-    code, err = cli(capsys, "diagnose", command, str(shipped), str(tiny_model_dir))
-    assert code == 2 and "--out: the checkpoints share no folder but /; name where" in err, err
+    assert beside_checkpoints([tmp_path / "a", tmp_path / "b"], "drift.json") == (
+        tmp_path.resolve() / "drift.json"
+    )
+    apart = [Path("/forgetless-test-x/model"), Path("/forgetless-test-y/model")]
+    with pytest.raises(ConfigError, match="--out: the checkpoints share no folder but /; name"):
+        beside_checkpoints(apart, "circuits.json")
 
 
 def test_geometry_replaces_its_own_output_only(

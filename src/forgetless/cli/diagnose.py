@@ -119,7 +119,7 @@ def attribution(
     console.print(f"attribution: {out or run_dir / 'attribution.json'}")
 
 
-def _beside(paths: list[Path], name: str) -> Path:
+def beside_checkpoints(paths: list[Path], name: str) -> Path:
     """The default output: ``name`` in the folder the checkpoints share, unless that is the
     filesystem's root (models from unrelated places), which is refused in one line."""
     import os
@@ -188,7 +188,7 @@ def circuits(
         raise typer.BadParameter("--counterfactual must be mean or corrupt")
     if effects not in ("exact", "attribution"):
         raise typer.BadParameter("--effects must be exact or attribution")
-    target = out or _beside(checkpoints, "circuits.json")
+    target = out or beside_checkpoints(checkpoints, "circuits.json")
     data = diagnose_circuits(
         checkpoints,
         behaviour,
@@ -235,7 +235,7 @@ def drift(
     """Output-space KL of each checkpoint against the base on the probes, beside probe accuracy."""
     from forgetless.diagnostics.diagnose_drift import diagnose_drift
 
-    target = out or _beside(checkpoints, "drift.json")
+    target = out or beside_checkpoints(checkpoints, "drift.json")
     names = [p.strip() for p in probes.split(",") if p.strip()]
     data = diagnose_drift(checkpoints, names, target, n=n, seed=seed)
     table = Table(title="Drift against the base")
