@@ -225,13 +225,11 @@ def _check_zero(cfg: Any, source: str) -> None:
 
 def _check_builtin_names(cfg: Any, source: str) -> None:
     """Unknown built-in task names, found offline (``run`` finds them when it builds the tasks)."""
-    from forgetless.config.schema import TaskConfig
+    from forgetless.config.schema import task_places
     from forgetless.errors import ConfigError
     from forgetless.tasks.builtin import known_task_names, unknown_task
 
-    places = [("tasks", i, t) for i, t in enumerate(cfg.tasks)]
-    places += [("probes", i, p) for i, p in enumerate(cfg.probes) if isinstance(p, TaskConfig)]
-    for section, index, task in places:
+    for section, index, task in task_places(cfg):
         if task.builtin is not None and task.builtin not in known_task_names():
             raise ConfigError(f"{source}: {section}.{index}: {unknown_task(task.builtin)}")
 

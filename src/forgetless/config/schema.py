@@ -490,3 +490,11 @@ class RunConfig(Strict):
         if dupes:
             raise ValueError(f"task and probe names must be unique; repeated: {', '.join(dupes)}")
         return self
+
+
+def task_places(cfg: RunConfig) -> list[tuple[str, int, TaskConfig]]:
+    """Every task and task probe with its place in the config (``tasks``/``probes``, index)."""
+    places = [("tasks", i, t) for i, t in enumerate(cfg.tasks)]
+    return places + [
+        ("probes", i, p) for i, p in enumerate(cfg.probes) if isinstance(p, TaskConfig)
+    ]

@@ -124,6 +124,14 @@ def convert_gguf(gguf: Path, folder: Path, name: str) -> dict[str, Any]:
     return report
 
 
+def gguf_file(name_or_path: str) -> Path:
+    """The ``.gguf`` file ``name_or_path`` names; one line when it is not there."""
+    gguf = Path(name_or_path).expanduser()
+    if not gguf.is_file():
+        raise ModelLoadError(f"model.name_or_path: no such GGUF file: {gguf}")
+    return gguf
+
+
 def converted_model_dir(name_or_path: str, announce: Any = None) -> Path | None:
     """The cached conversion for a packaged model name or a ``.gguf`` path (converting it on
     first use); None for anything else (a hub id or a model folder)."""
@@ -131,9 +139,7 @@ def converted_model_dir(name_or_path: str, announce: Any = None) -> Path | None:
     if entry is not None:
         gguf, folder = packaged_gguf(entry), cache_root() / "models" / entry.name
     elif name_or_path.endswith(".gguf"):
-        gguf = Path(name_or_path).expanduser()
-        if not gguf.is_file():
-            raise ModelLoadError(f"model.name_or_path: no such GGUF file: {gguf}")
+        gguf = gguf_file(name_or_path)
         folder = cache_root() / "models" / f"gguf-{file_sha256(gguf)[:12]}"
     else:
         return None

@@ -6,7 +6,7 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from forgetless.config.schema import RunConfig, TaskConfig
+from forgetless.config.schema import RunConfig, TaskConfig, task_places
 
 Fingerprint = dict[str, Any]
 CHUNK = 1 << 20
@@ -30,7 +30,7 @@ def _task_files(task: TaskConfig) -> list[Path]:
 
 def data_files(cfg: RunConfig) -> list[Path]:
     """Every local file or dataset folder the tasks and task probes read, in config order."""
-    tasks = [*cfg.tasks, *(p for p in cfg.probes if isinstance(p, TaskConfig))]
+    tasks = [task for _, _, task in task_places(cfg)]
     seen: dict[str, Path] = {}
     for task in tasks:
         for path in _task_files(task):
@@ -81,29 +81,24 @@ def check_local_inputs(cfg: RunConfig) -> None:
     model = cfg.model.name_or_path
     if model is not None:
         _check_local_model(str(model))
-    places = [("tasks", i, t, False) for i, t in enumerate(cfg.tasks)]
-    places += [
-        ("probes", i, p, True) for i, p in enumerate(cfg.probes) if isinstance(p, TaskConfig)
-    ]
-    for section, index, task, probe in places:
+    for section, index, task in task_places(cfg):
         if not reads_local_files(task):
             continue
         try:
-            build_task(task, cfg.eval, cfg.seed, probe)
+            build_task(task, cfg.eval, cfg.seed, probe=section == "probes")
         except ForgetlessError as err:
             raise type(err)(f"{section}.{index}: {err}") from None
 
 
 def _check_local_model(name: str) -> None:
-    from forgetless.models.gguf import PACKAGED_MODELS
+    """A GGUF file or a model folder named by path must be there (a packaged model is converted
+    on first use; a hub id is run's to fetch)."""
+    from forgetless.models.gguf import PACKAGED_MODELS, gguf_file
     from forgetless.models.loading import looks_local, resolve_source
 
-    if name in PACKAGED_MODELS or not (looks_local(name) or name.endswith(".gguf")):
-        return  # a packaged model is converted on first use; a hub id is run's to fetch
-    if name.endswith(".gguf"):
-        if not Path(name).expanduser().is_file():
-            from forgetless.errors import ModelLoadError
-
-            raise ModelLoadError(f"model.name_or_path: no such GGUF file: {name}")
+    if name in PACKAGED_MODELS:
         return
-    resolve_source(name)
+    if name.endswith(".gguf"):
+        gguf_file(name)
+    elif looks_local(name):
+        resolve_source(name)
