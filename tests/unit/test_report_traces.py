@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from forgetless.report.plots import method_traces, traces
+from forgetless.report.plots import budget_limits, method_traces, trace_figure, traces
 
 
 def test_traces_follow_the_tasks_and_skip_runs_without_them(tmp_path: Path) -> None:
@@ -36,3 +36,25 @@ def test_a_budgets_knob_and_measured_loss_are_plotted(tmp_path: Path) -> None:
     assert found["lam (budget)"] == [[1.0, 2.0], [2.0, 1.5]]
     assert found["budget loss (retention)"] == [[0.1, 0.06], [0.04, 0.03]]
     assert traces(results, tmp_path / "budget.png") is not None
+
+
+def test_a_budgets_bound_is_drawn_beside_its_loss_in_each_task() -> None:
+    def task(losses: list[float], bound: float) -> dict[str, object]:
+        trace = [{"step": i, "value": 1.0, "loss": x} for i, x in enumerate(losses)]
+        return {"budget": {"knob": "lam", "metric": "kl", "max_loss": bound, "trace": trace}}
+
+    results = {"per_task": [task([0.1, 0.06, 0.05], 0.08), task([0.04, 0.03], 0.05)]}
+    assert budget_limits(results) == [0.08, 0.05]
+    figure = trace_figure(results)
+    assert figure is not None
+    loss_axes = [ax for ax in figure.axes if ax.get_ylabel().startswith("budget loss")]
+    assert len(loss_axes) == 1
+    bounds = sorted(
+        {
+            round(float(y), 6)
+            for c in loss_axes[0].collections
+            for y in c.get_paths()[0].vertices[:, 1]
+        }
+    )
+    assert bounds == [0.05, 0.08]
+    assert "max_loss" in [t.get_text() for t in loss_axes[0].get_legend().get_texts()]

@@ -10,6 +10,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.figure import Figure
 
 
 def _save(fig: Any, path: Path) -> Path:
@@ -100,6 +101,10 @@ TRACE_KEYS = ("lambda", "share")
 """Per-step series a method records under its task details (SAE-FD's λ and distillation share)."""
 
 
+BUDGET_LOSS = "budget loss"
+"""The label that starts a budget's measured-loss series."""
+
+
 def method_traces(results: dict[str, Any]) -> dict[str, list[list[float]]]:
     """Each recorded series, one list per task (empty for a task without it)."""
     out: dict[str, list[list[float]]] = {}
@@ -108,7 +113,7 @@ def method_traces(results: dict[str, Any]) -> dict[str, list[list[float]]]:
         if isinstance(budget, dict) and budget.get("trace"):
             checks = budget["trace"]
             out.setdefault(f"{budget['knob']} (budget)", []).append([e["value"] for e in checks])
-            out.setdefault(f"budget loss ({budget['metric']})", []).append(
+            out.setdefault(f"{BUDGET_LOSS} ({budget['metric']})", []).append(
                 [e["loss"] for e in checks]
             )
         for details in (task.get("details") or {}).values():
@@ -121,24 +126,50 @@ def method_traces(results: dict[str, Any]) -> dict[str, list[list[float]]]:
     return out
 
 
-def traces(results: dict[str, Any], path: Path) -> Path | None:
-    """The method's per-step series across the sequence, task boundaries marked; None if the
-    method records none."""
+def budget_limits(results: dict[str, Any]) -> list[float | None]:
+    """Each traced budget's bound (its ``max_loss``, None where a record lacks it), in the
+    order of its loss series."""
+    limits: list[float | None] = []
+    for task in results.get("per_task", []):
+        budget = task.get("budget")
+        if isinstance(budget, dict) and budget.get("trace"):
+            bound = budget.get("max_loss")
+            limits.append(None if bound is None else float(bound))
+    return limits
+
+
+def trace_figure(results: dict[str, Any]) -> Figure | None:
+    """The method's per-step series across the sequence, task boundaries marked and a budget's
+    bound drawn beside its measured loss; None if the method records none."""
     found = method_traces(results)
     if not found:
         return None
+    limits = budget_limits(results)
     fig, axes = plt.subplots(len(found), 1, figsize=(7, 2.6 * len(found)), squeeze=False)
     for ax, (key, per_task) in zip(axes[:, 0], found.items(), strict=True):
         start = 0
         for index, series in enumerate(per_task):
             ax.plot(range(start, start + len(series)), series, color="C0")
+            bound = limits[index] if key.startswith(BUDGET_LOSS) else None
+            if bound is not None:
+                end = start + max(len(series) - 1, 1)
+                ax.hlines(bound, start, end, color="C3", ls="--", lw=1.0)
             ax.axvline(start, color="grey", lw=0.6, ls=":")
             ax.text(start, ax.get_ylim()[1], f" task {index + 1}", va="top", fontsize=7)
             start += len(series)
         ax.set_ylabel(key)
+        if key.startswith(BUDGET_LOSS) and any(b is not None for b in limits):
+            ax.plot([], [], color="C3", ls="--", label="max_loss")
+            ax.legend(fontsize=7)
     axes[-1, 0].set_xlabel("micro-batch (a method's series) or check (a budget's)")
     fig.suptitle("The method's strength along the sequence")
-    return _save(fig, path)
+    return fig
+
+
+def traces(results: dict[str, Any], path: Path) -> Path | None:
+    """:func:`trace_figure` saved at ``path``; None if the method records no series."""
+    fig = trace_figure(results)
+    return None if fig is None else _save(fig, path)
 
 
 def pareto_front(points: list[tuple[float, float]]) -> list[int]:
