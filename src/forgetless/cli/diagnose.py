@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -9,9 +10,35 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from forgetless.cli.fitted_table import fitted_table
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 console = Console()
+SHORT_COLUMNS = {
+    "circuit_size": "size",
+    "circuit_fraction": "frac",
+    "faithfulness": "faith",
+    "retention": "ret",
+    "n_specialists": "spec",
+    "m_full": "M full",
+    "m_empty": "M empty",
+    "update_norm": "norm",
+    "pairwise_conflict": "pairwise",
+    "state_conflict": "state",
+    "state_conflict_tn": "state tn",
+    "KL(base‖model)": "KL b‖m",
+    "KL(model‖base)": "KL m‖b",
+    "probe accuracy": "acc",
+}
+"""Diagnostic table headers short enough for an 80-column terminal."""
 CheckpointsArg = Annotated[list[Path], typer.Argument(help="Model folders; the first is the base.")]
+
+
+def _print_fitted(title: str, columns: Sequence[str], rows: list[list[str]]) -> None:
+    table, legend = fitted_table(title, columns, rows, SHORT_COLUMNS, console.width)
+    console.print(table)
+    if legend:
+        console.print(legend)
 
 
 def _fmt(value: object, digits: int = 4) -> str:
@@ -35,14 +62,12 @@ def geometry(
     from forgetless.diagnostics.diagnose_geometry import SIGNALS, diagnose_runs
 
     data = diagnose_runs(run_dirs, out, rank)
-    table = Table(title="Geometry per task")
     columns = ["task", "update_norm", "pairwise_conflict", "state_conflict", "state_conflict_tn"]
-    for column in ["run", *columns, "ΔR"]:
-        table.add_column(column)
-    for row in data["rows"]:
-        cells = [_fmt(row[c]) for c in columns]
-        table.add_row(Path(row["run"]).name, *cells, _fmt(row["retention_change"]))
-    console.print(table)
+    rows = [
+        [Path(row["run"]).name, *[_fmt(row[c]) for c in columns], _fmt(row["retention_change"])]
+        for row in data["rows"]
+    ]
+    _print_fitted("Geometry per task", ["run", *columns, "ΔR"], rows)
     corr = Table(title="Correlation with ΔR (95% Fisher-z interval)")
     for column in ["signal", "n", "pearson", "interval", "spearman", "interval "]:
         corr.add_column(column)
@@ -203,12 +228,8 @@ def circuits(
         chunk=chunk,
         effects=effects,  # type: ignore[arg-type]
     )
-    table = Table(title=f"Circuits on {data['behaviour']}")
-    for column in TABLE_COLUMNS:
-        table.add_column(column)
-    for row in data["rows"]:
-        table.add_row(*[_fmt(row.get(c), 3) for c in TABLE_COLUMNS])
-    console.print(table)
+    rows = [[_fmt(row.get(c), 3) for c in TABLE_COLUMNS] for row in data["rows"]]
+    _print_fitted(f"Circuits on {data['behaviour']}", TABLE_COLUMNS, rows)
     for v in data["vulnerability"]:
         o = v["overall"]
         console.print(
@@ -238,17 +259,16 @@ def drift(
     target = out or beside_checkpoints(checkpoints, "drift.json")
     names = [p.strip() for p in probes.split(",") if p.strip()]
     data = diagnose_drift(checkpoints, names, target, n=n, seed=seed)
-    table = Table(title="Drift against the base")
-    for column in ["model", "KL(base‖model)", "KL(model‖base)", "probe accuracy", *names]:
-        table.add_column(column)
-    for row in data["rows"]:
-        per = [_fmt(row["probes"][p]["accuracy"], 2) for p in names]
-        table.add_row(
+    rows = [
+        [
             row["model"],
             _fmt(row["kl_base_to_model"]),
             _fmt(row["kl_model_to_base"]),
             _fmt(row["accuracy"], 3),
-            *per,
-        )
-    console.print(table)
+            *[_fmt(row["probes"][p]["accuracy"], 2) for p in names],
+        ]
+        for row in data["rows"]
+    ]
+    columns = ["model", "KL(base‖model)", "KL(model‖base)", "probe accuracy", *names]
+    _print_fitted("Drift against the base", columns, rows)
     console.print(f"drift: {target}")
