@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 from typing import Any
@@ -204,3 +205,21 @@ def test_llama_chat_jsonl_lora_end_to_end(tiny_llama_chat_dir: Path, tmp_path: P
     assert (
         tmp_path / "out/checkpoints/task-02-plain/adapters/default/adapter_model.safetensors"
     ).is_file()
+
+
+def test_a_finished_run_is_returned_without_loading_the_model_again(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = run(tiny_model_dir, tmp_path)
+    on_disk = (tmp_path / "results.json").read_bytes()
+
+    def no_load(self: Runner) -> None:
+        raise AssertionError("a finished run loaded its model again")
+
+    monkeypatch.setattr(Runner, "_load_model", no_load)
+    console = Console(record=True, width=200, file=io.StringIO())
+    cfg = validate_config(tiny_run_config(tiny_model_dir))
+    again = Runner(cfg, tmp_path, console, progress=False).run().to_json()
+    assert again == first
+    assert (tmp_path / "results.json").read_bytes() == on_disk
+    assert "nothing to train" in console.export_text()

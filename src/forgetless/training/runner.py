@@ -87,6 +87,15 @@ class Runner:
     def _run(self, stored: Results | None) -> Results:
         """The run proper, once the folder is locked and ``stored`` proved resumable."""
         cfg = self.cfg
+        if stored is not None and stored.completed_tasks == len(cfg.tasks):
+            # loading the model and measuring the base again would change nothing on disk
+            self.console.print(
+                f"{self.out_dir} already holds all {len(cfg.tasks)} tasks of this run: "
+                "nothing to train",
+                markup=False,
+                highlight=False,
+            )
+            return stored
         writer = RunWriter.open(cfg, self.out_dir, self.console)
         tasks = load_tasks(cfg.tasks, cfg, writer.say)
         probe_cfgs = [p for p in cfg.probes if isinstance(p, TaskConfig)]
