@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 import torch
 
+from forgetless.contract.method import Capability, StepContext
+from forgetless.methods.seq_ft import SeqFT, SeqFTConfig
 from forgetless.testing import TINY, save_tiny, tiny_run_config, write_jsonl
 
 __all__ = ["TINY", "moved_lora", "save_tiny", "tiny_run_config", "write_jsonl"]
@@ -60,3 +62,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         folder = Path(str(item.fspath)).parent.name
         if folder in TIERS:
             item.add_marker(getattr(pytest.mark, folder))
+
+
+class CrashAt(SeqFT):
+    """seq_ft that dies at a given task and step, as a killed process would."""
+
+    capabilities = frozenset({Capability.BATCH_TRANSFORM})
+
+    def __init__(self, task: int, step: int) -> None:
+        super().__init__(SeqFTConfig())
+        self.where = (task, step)
+
+    def transform_batch(self, features: list[Any], ctx: StepContext) -> list[Any]:
+        if (ctx.task.task_index, ctx.step) == self.where:
+            raise KeyboardInterrupt("simulated crash")
+        return features

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import TINY, tiny_run_config, write_jsonl
+from conftest import TINY, CrashAt, tiny_run_config, write_jsonl
 from rich.console import Console
 from safetensors.torch import save_model
 
@@ -192,7 +192,7 @@ def _other_model(tmp: Path, model: Path, done: Path) -> tuple[str, Path]:
 
 def _changed_config(tmp: Path, model: Path, done: Path) -> tuple[str, Path]:
     _resume(done, tmp)
-    data = small_config(model, tasks=["reverse"], train={**SMALL, "lr": 5e-3, "steps": 3})
+    data = small_config(model, tasks=["reverse", "cipher"], train={**SMALL, "lr": 5e-3, "steps": 3})
     return "run", write_config(tmp / "changed.yaml", data)
 
 
@@ -254,11 +254,15 @@ CATALOGUE: dict[str, tuple[Case, str]] = {
 
 
 @pytest.fixture(scope="module")
-def finished_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Path:
-    """A finished one-task run to resume from (copied by each case that damages it)."""
-    root = tmp_path_factory.mktemp("finished")
-    config = write_config(root / "config.yaml", small_config(tiny_model_dir, tasks=["reverse"]))
-    Runner(load_config(config), root / "out", Console(quiet=True), progress=False).run()
+def stopped_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Path:
+    """A two-task run stopped after its first task, to resume from (copied by each case that
+    damages it): a resume restores the first task's checkpoint (a finished run loads none)."""
+    root = tmp_path_factory.mktemp("stopped")
+    tasks = ["reverse", "cipher"]
+    config = write_config(root / "config.yaml", small_config(tiny_model_dir, tasks=tasks))
+    stop = CrashAt(task=2, step=0)
+    with pytest.raises(KeyboardInterrupt):
+        Runner(load_config(config), root / "out", Console(quiet=True), False, method=stop).run()
     return root / "out"
 
 
@@ -267,12 +271,12 @@ def test_bad_input_is_one_line_exit_2_and_loses_nothing(
     case: str,
     tmp_path: Path,
     tiny_model_dir: Path,
-    finished_run: Path,
+    stopped_run: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     build, expected = CATALOGUE[case]
-    command, config = build(tmp_path, tiny_model_dir, finished_run)
+    command, config = build(tmp_path, tiny_model_dir, stopped_run)
     out = tmp_path / "out"
     before = snapshot(out)
     args = [command, str(config)] + (["--out", str(out), "--quiet"] if command == "run" else [])
@@ -325,11 +329,11 @@ def test_validate_leaves_hub_ids_to_run(
 def test_allow_config_change_overrides_the_resume_guard(
     tmp_path: Path,
     tiny_model_dir: Path,
-    finished_run: Path,
+    stopped_run: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    _, config = _changed_config(tmp_path, tiny_model_dir, finished_run)
+    _, config = _changed_config(tmp_path, tiny_model_dir, stopped_run)
     out = tmp_path / "out"
     monkeypatch.setattr(
         sys,

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import tiny_run_config, write_jsonl
+from conftest import CrashAt, tiny_run_config, write_jsonl
 from rich.console import Console
 from safetensors.torch import load_file
 
@@ -67,21 +67,6 @@ def test_results_file_schema_and_checkpoints(tiny_model_dir: Path, tmp_path: Pat
     for name in ["task-01-reverse", "task-02-cipher"]:
         assert (tmp_path / "checkpoints" / name / "model.safetensors").is_file()
     assert not list(tmp_path.rglob(".tmp*"))
-
-
-class CrashAt(SeqFT):
-    """seq_ft that dies at a given task and step, as a killed process would."""
-
-    capabilities = frozenset({Capability.BATCH_TRANSFORM})
-
-    def __init__(self, task: int, step: int) -> None:
-        super().__init__(SeqFTConfig())
-        self.where = (task, step)
-
-    def transform_batch(self, features: list[Any], ctx: StepContext) -> list[Any]:
-        if (ctx.task.task_index, ctx.step) == self.where:
-            raise KeyboardInterrupt("simulated crash")
-        return features
 
 
 @pytest.mark.parametrize(
