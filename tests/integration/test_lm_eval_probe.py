@@ -10,15 +10,17 @@ from typing import Any
 
 import pytest
 import torch
+import yaml
 from conftest import tiny_run_config
 from peft import LoraConfig, get_peft_model
 from rich.console import Console
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from forgetless.cli.app import main
 from forgetless.config.evaluation import LmEvalSettings
 from forgetless.config.loading import validate_config
 from forgetless.errors import ConfigError
-from forgetless.eval.lm_eval_probe import pick_metric, run_lm_eval_probe
+from forgetless.eval.lm_eval_probe import check_lm_eval_tasks, pick_metric, run_lm_eval_probe
 from forgetless.eval.scorers import MultipleChoice
 from forgetless.tasks.base import Task
 from forgetless.tasks.builtin import build_builtin_task
@@ -179,3 +181,50 @@ def test_lm_eval_probe_enters_the_probe_matrix(tiny_model_dir: Path, tmp_path: P
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     base = run_lm_eval_probe(model, tokenizer, cfg.probes[1].lm_eval, 4)  # type: ignore[union-attr]
     assert results["probe_accuracy"][0][1] == base["lmeval:tiny_mc"]
+
+
+def test_a_misspelt_task_is_named_with_the_closest_lm_eval_knows(tmp_path: Path) -> None:
+    pytest.importorskip("lm_eval")
+    folder = write_local_task(tmp_path / "tasks", build_builtin_task("addmc", 0, 2, seed=0))
+    check_lm_eval_tasks(settings(folder))
+    with pytest.raises(ConfigError) as info:
+        check_lm_eval_tasks(
+            LmEvalSettings(tasks=["tiny_mcc"], include_path=folder, include_defaults=False)
+        )
+    assert str(info.value) == (
+        "lm_eval.tasks: lm-eval has no task 'tiny_mcc' (did you mean 'tiny_mc'?); "
+        "`lm-eval ls tasks` lists them"
+    )
+    with pytest.raises(ConfigError, match=r"lm_eval.include_path: .*nowhere is not a folder"):
+        check_lm_eval_tasks(settings(tmp_path / "nowhere"))
+
+
+def misspelt_probe_config(model_dir: Path, folder: Path) -> dict[str, Any]:
+    probe = {
+        "lm_eval": {"tasks": ["tiny_mcc"], "include_path": str(folder), "include_defaults": False}
+    }
+    return tiny_run_config(model_dir, tasks=["reverse"], probes=["copy", probe])
+
+
+def test_validate_and_run_refuse_a_misspelt_task_before_writing(
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    pytest.importorskip("lm_eval")
+    folder = write_local_task(tmp_path / "tasks", build_builtin_task("addmc", 0, 2, seed=0))
+    raw = misspelt_probe_config(tiny_model_dir, folder)
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    monkeypatch.setattr(sys, "argv", ["forgetless", "validate", str(config)])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and len(err.splitlines()) == 1
+    assert "probes.1: lm_eval.tasks: lm-eval has no task 'tiny_mcc'" in err
+    out = tmp_path / "run"
+    out.mkdir()
+    with pytest.raises(ConfigError, match=r"probes\.1: lm_eval\.tasks: lm-eval has no task"):
+        Runner(validate_config(raw), out, Console(quiet=True), progress=False).run()
+    assert sorted(p.name for p in out.iterdir()) == []

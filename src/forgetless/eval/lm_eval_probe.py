@@ -8,9 +8,12 @@ is an optional extra (``pip install 'forgetless[lmeval]'``) imported only when a
 
 from __future__ import annotations
 
+import difflib
+import functools
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from torch import nn
@@ -43,6 +46,42 @@ def pick_metric(task_results: Mapping[str, Any], metric: str | None, task: str) 
             return values[sorted(hits)[0]]
     known = ", ".join(sorted(values)) or "none"
     raise ConfigError(f"lm-eval task {task!r} reports no metric {' or '.join(wanted)}; has {known}")
+
+
+@functools.lru_cache(maxsize=8)
+def _task_index(include: str | None, include_defaults: bool) -> Any:
+    """lm-eval's index of its tasks, seconds to build: built once per process and place, and
+    handed to every scoring of the run instead of being built again for each."""
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager(include_path=include, include_defaults=include_defaults)
+
+
+def task_manager(settings: LmEvalSettings) -> Any:
+    """The lm-eval task index of a probe's ``include_path`` and ``include_defaults``."""
+    try:
+        import lm_eval.tasks  # noqa: F401
+    except ImportError:
+        raise ConfigError(MISSING_EXTRA) from None
+    include = str(settings.include_path) if settings.include_path is not None else None
+    return _task_index(include, settings.include_defaults)
+
+
+def check_lm_eval_tasks(settings: LmEvalSettings) -> None:
+    """Every task a probe names is one lm-eval knows (a task, group or tag in its index, or a
+    task YAML file), so that a misspelt name stops a run before it writes anything."""
+    folder = settings.include_path
+    if folder is not None and not folder.is_dir():
+        raise ConfigError(f"lm_eval.include_path: {folder} is not a folder")
+    known = task_manager(settings).all_tasks
+    for name in settings.tasks:
+        if name in known or Path(name).is_file():
+            continue
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(
+            f"lm_eval.tasks: lm-eval has no task {name!r}{hint}; `lm-eval ls tasks` lists them"
+        )
 
 
 def _unwrap(model: nn.Module) -> nn.Module:
@@ -88,7 +127,6 @@ def lm_eval_outcome(
     try:
         import lm_eval
         from lm_eval.models.huggingface import HFLM
-        from lm_eval.tasks import TaskManager
     except ImportError:
         raise ConfigError(MISSING_EXTRA) from None
     was_training = model.training
@@ -101,15 +139,12 @@ def lm_eval_outcome(
             tokenizer=tokenizer,
             batch_size=settings.batch_size or batch_size,
         )
-        include = str(settings.include_path) if settings.include_path is not None else None
         out = lm_eval.simple_evaluate(
             model=lm,
             tasks=list(settings.tasks),
             num_fewshot=settings.num_fewshot,
             limit=settings.limit,
-            task_manager=TaskManager(
-                include_path=include, include_defaults=settings.include_defaults
-            ),
+            task_manager=task_manager(settings),
             apply_chat_template=settings.apply_chat_template,
             log_samples=measure_chance,
             bootstrap_iters=0,

@@ -6,7 +6,9 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
+from forgetless.config.evaluation import LmEvalProbe
 from forgetless.config.schema import RunConfig, TaskConfig, task_places
+from forgetless.errors import ConfigError
 
 Fingerprint = dict[str, Any]
 CHUNK = 1 << 20
@@ -88,6 +90,20 @@ def check_local_inputs(cfg: RunConfig) -> None:
             build_task(task, cfg.eval, cfg.seed, probe=section == "probes")
         except ForgetlessError as err:
             raise type(err)(f"{section}.{index}: {err}") from None
+    check_lm_eval_probes(cfg)
+
+
+def check_lm_eval_probes(cfg: RunConfig) -> None:
+    """Every lm-eval probe's tasks are ones lm-eval knows (its index is kept for the scoring).
+    Raises a one-line ConfigError prefixed with the probe's place."""
+    from forgetless.eval.lm_eval_probe import check_lm_eval_tasks
+
+    for index, probe in enumerate(cfg.probes):
+        if isinstance(probe, LmEvalProbe):
+            try:
+                check_lm_eval_tasks(probe.lm_eval)
+            except ConfigError as err:
+                raise ConfigError(f"probes.{index}: {err}") from None
 
 
 def _check_local_model(name: str) -> None:

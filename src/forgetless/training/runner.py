@@ -27,7 +27,7 @@ from forgetless.models.loading import load_model_and_tokenizer, resolve_source
 from forgetless.tasks.base import Task
 from forgetless.training.base_row import base_row_path, load_base_row, store_base_row
 from forgetless.training.budget_probe import budget_measure, start_monitor
-from forgetless.training.inputs import fingerprints
+from forgetless.training.inputs import check_lm_eval_probes, fingerprints
 from forgetless.training.outdir import OutDirLock
 from forgetless.training.pretrain import ensure_base_model
 from forgetless.training.results import Results
@@ -71,6 +71,7 @@ class Runner:
         if warning:
             self.console.print(warning, markup=False, highlight=False)
         self.inputs = fingerprints(self.cfg)
+        check_lm_eval_probes(self.cfg)  # before the folder is claimed or anything written
         if not distributed.is_main_process():
             return self._run(self._resumable())
         own = (self.out_dir / DATA_DIR).resolve()  # data forgetless saved there (ContinualTrainer)
