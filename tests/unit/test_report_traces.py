@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from forgetless.report.plots import budget_limits, method_traces, trace_figure, traces
+from matplotlib.collections import LineCollection, PathCollection
+
+from forgetless.report.plots import (
+    budget_limits,
+    budget_rollbacks,
+    method_traces,
+    trace_figure,
+    traces,
+)
 
 
 def test_traces_follow_the_tasks_and_skip_runs_without_them(tmp_path: Path) -> None:
@@ -53,8 +61,31 @@ def test_a_budgets_bound_is_drawn_beside_its_loss_in_each_task() -> None:
         {
             round(float(y), 6)
             for c in loss_axes[0].collections
+            if isinstance(c, LineCollection)
             for y in c.get_paths()[0].vertices[:, 1]
         }
     )
     assert bounds == [0.05, 0.08]
     assert "max_loss" in [t.get_text() for t in loss_axes[0].get_legend().get_texts()]
+
+
+def test_a_budgets_rollbacks_are_marked_on_its_loss() -> None:
+    trace = [
+        {"step": 0, "value": 1.0, "loss": 0.04},
+        {"step": 2, "value": 2.0, "loss": 0.09, "rolled_back": 1.0},
+        {"step": 4, "value": 3.0, "loss": 0.05},
+    ]
+    budget = {"knob": "lam", "metric": "kl", "max_loss": 0.06, "trace": trace}
+    results = {"per_task": [{"budget": budget}, {"budget": {**budget, "trace": trace[:1]}}]}
+    assert budget_rollbacks(results) == [[1], []]
+    figure = trace_figure(results)
+    assert figure is not None
+    (loss_axes,) = [ax for ax in figure.axes if ax.get_ylabel().startswith("budget loss")]
+    marked = [
+        tuple(point)
+        for collection in loss_axes.collections
+        if isinstance(collection, PathCollection)
+        for point in collection.get_offsets().tolist()
+    ]
+    assert marked == [(1.0, 0.09)]
+    assert "rolled back" in [t.get_text() for t in loss_axes.get_legend().get_texts()]

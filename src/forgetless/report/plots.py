@@ -138,29 +138,54 @@ def budget_limits(results: dict[str, Any]) -> list[float | None]:
     return limits
 
 
+def budget_rollbacks(results: dict[str, Any]) -> list[list[int]]:
+    """Each traced budget's checks that rolled the weights back, as indices into its series."""
+    return [
+        [i for i, entry in enumerate(task["budget"]["trace"]) if entry.get("rolled_back")]
+        for task in results.get("per_task", [])
+        if isinstance(task.get("budget"), dict) and task["budget"].get("trace")
+    ]
+
+
+def _mark_budget(
+    ax: Any, start: int, series: list[float], bound: float | None, rolled: list[int]
+) -> None:
+    """A budget's bound as a dashed line over its task, and its rollbacks as crosses."""
+    if bound is not None:
+        ax.hlines(bound, start, start + max(len(series) - 1, 1), color="C3", ls="--", lw=1.0)
+    if rolled:
+        ax.scatter([start + i for i in rolled], [series[i] for i in rolled], color="C3", marker="x")
+
+
+def _budget_legend(ax: Any, limits: list[float | None], rollbacks: list[list[int]]) -> None:
+    if any(b is not None for b in limits):
+        ax.plot([], [], color="C3", ls="--", label="max_loss")
+    if any(rollbacks):
+        ax.scatter([], [], color="C3", marker="x", label="rolled back")
+    if ax.get_legend_handles_labels()[1]:
+        ax.legend(fontsize=7)
+
+
 def trace_figure(results: dict[str, Any]) -> Figure | None:
     """The method's per-step series across the sequence, task boundaries marked and a budget's
-    bound drawn beside its measured loss; None if the method records none."""
+    bound and rollbacks drawn on its measured loss; None if the method records none."""
     found = method_traces(results)
     if not found:
         return None
-    limits = budget_limits(results)
+    limits, rollbacks = budget_limits(results), budget_rollbacks(results)
     fig, axes = plt.subplots(len(found), 1, figsize=(7, 2.6 * len(found)), squeeze=False)
     for ax, (key, per_task) in zip(axes[:, 0], found.items(), strict=True):
         start = 0
         for index, series in enumerate(per_task):
             ax.plot(range(start, start + len(series)), series, color="C0")
-            bound = limits[index] if key.startswith(BUDGET_LOSS) else None
-            if bound is not None:
-                end = start + max(len(series) - 1, 1)
-                ax.hlines(bound, start, end, color="C3", ls="--", lw=1.0)
+            if key.startswith(BUDGET_LOSS):
+                _mark_budget(ax, start, series, limits[index], rollbacks[index])
             ax.axvline(start, color="grey", lw=0.6, ls=":")
             ax.text(start, ax.get_ylim()[1], f" task {index + 1}", va="top", fontsize=7)
             start += len(series)
         ax.set_ylabel(key)
-        if key.startswith(BUDGET_LOSS) and any(b is not None for b in limits):
-            ax.plot([], [], color="C3", ls="--", label="max_loss")
-            ax.legend(fontsize=7)
+        if key.startswith(BUDGET_LOSS):
+            _budget_legend(ax, limits, rollbacks)
     axes[-1, 0].set_xlabel("micro-batch (a method's series) or check (a budget's)")
     fig.suptitle("The method's strength along the sequence")
     return fig
