@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 import yaml
 from conftest import tiny_run_config
 
+from forgetless.bench.jobs import pace_text
 from forgetless.bench.stats import mean_interval, separated
 from forgetless.bench.sweep import plan_runs
 from forgetless.bench.variants import Variant, parse_variant, select_variants, task_order
@@ -224,9 +226,13 @@ def test_jobs_give_the_sequential_table(tiny_model_dir: Path, tmp_path: Path) ->
     quiet = Console(quiet=True)
     kept = tmp_path / "kept"
     one = sweep.run_bench(base, variants, 2, 1, tmp_path / "one", quiet, False, threads=1)
+    said = Console(record=True, width=300, file=io.StringIO())
     two = sweep.run_bench(
-        base, variants, 2, 1, tmp_path / "two", quiet, False, campaign=kept, jobs=2, threads=1
+        base, variants, 2, 1, tmp_path / "two", said, False, campaign=kept, jobs=2, threads=1
     )
+    lines = [line for line in said.export_text().splitlines() if line.startswith("finished")]
+    assert len(lines) == 2 and "(1 of 2 runs; about " in lines[0] and "left at the pace" in lines[0]
+    assert lines[1].endswith("(2 of 2 runs)")
 
     def strip(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return [{k: v for k, v in r.items() if k not in ("folder", "train_seconds")} for r in runs]
@@ -303,3 +309,9 @@ def test_a_budgeted_bench_says_how_many_runs_kept_it(tmp_path: Path) -> None:
     table = sections[0]
     assert table.headers[-1] == "budget kept (runs)"
     assert [row[-1] for row in table.rows] == ["n/a", "1 of 2"]
+
+
+def test_a_parallel_benchs_pace_gives_the_time_left() -> None:
+    assert pace_text(3, 15, 3600.0) == "3 of 15 runs; about 4h00m left at the pace so far"
+    assert pace_text(1, 2, 90.0) == "1 of 2 runs; about 1m30s left at the pace so far"
+    assert pace_text(2, 2, 500.0) == "2 of 2 runs"

@@ -12,12 +12,15 @@ from __future__ import annotations
 import multiprocessing
 import os
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from forgetless.engine.progress import duration
 from forgetless.errors import ConfigError
 
 Job = tuple[int, dict[str, Any], Path]
@@ -121,6 +124,28 @@ def run_job(
         except BaseException:
             handle.write(traceback.format_exc())  # the bench shows one line; the log, the rest
             raise
+
+
+def pace_text(done: int, total: int, elapsed: float) -> str:
+    """``3 of 15 runs; about 4h10m left at the pace so far``: wall time per finished run, the
+    workers together and start-ups included, times the runs left."""
+    if done >= total or done <= 0:
+        return f"{done} of {total} runs"
+    left = duration(elapsed / done * (total - done))
+    return f"{done} of {total} runs; about {left} left at the pace so far"
+
+
+@dataclass
+class Pace:
+    """Counts finished runs against the wall clock, from when the runs were sent off."""
+
+    total: int
+    done: int = 0
+    start: float = field(default_factory=time.monotonic)
+
+    def tick(self) -> str:
+        self.done += 1
+        return pace_text(self.done, self.total, time.monotonic() - self.start)
 
 
 def run_parallel(

@@ -20,7 +20,7 @@ from forgetless.bench.campaign import (
     save_record,
 )
 from forgetless.bench.cluster import run_on_cluster
-from forgetless.bench.jobs import Job, check_jobs, run_parallel, threads_per_job
+from forgetless.bench.jobs import Job, Pace, check_jobs, run_parallel, threads_per_job
 from forgetless.bench.stats import MIN_SEEDS, Interval, mean_interval, separated
 from forgetless.bench.variants import ClusterSection, Variant, run_folder_name, task_order
 from forgetless.config.loading import apply_override, validate_config
@@ -225,10 +225,12 @@ def run_bench(
                 loads[position] = load_average()
                 finished(position, Runner(cfg, folder, console, progress=progress).run().to_json())
         if todo:
+            pace = Pace(len(todo))
 
             def announce(position: int, results: dict[str, Any]) -> None:
                 finished(position, results)
-                console.print(f"finished {planned[position][0].name} → {planned[position][1]}")
+                variant, folder, _ = planned[position]
+                console.print(f"finished {variant.name} → {folder} ({pace.tick()})")
 
             if cluster is not None:
                 kind, spec = cluster
