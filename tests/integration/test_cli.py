@@ -229,3 +229,44 @@ def test_forgetless_warnings_print_as_one_line(monkeypatch: pytest.MonkeyPatch) 
     assert said == "warning: it may change\n"
     other = warnings.formatwarning("theirs", FutureWarning, "/lib/peft.py", 3, "x")
     assert "/lib/peft.py:3: FutureWarning: theirs" in other
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--seeds", "0"], "Invalid value for '--seeds'"),
+        (["--orders", "-1"], "Invalid value for '--orders'"),
+        (["--methods", "seq_ft,seq_ft"], "bench: variant 'seq_ft' is listed twice"),
+        (["--methods", ""], "--methods: names no variant"),
+    ],
+)
+def test_a_bench_that_would_run_nothing_or_a_run_twice_is_refused(
+    args: list[str],
+    expected: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    out = tmp_path / "bench"
+    code, err = invoke(monkeypatch, capsys, "bench", *args, "--out", str(out), "--quiet")
+    assert code == 2 and len(err.splitlines()) == 1 and expected in err, err
+    assert not out.exists()
+
+
+def test_a_config_that_lists_a_variant_twice_fails_validate(
+    tmp_path: Path,
+    tiny_model_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    twice = {"variants": [{"name": "a", "method": {"name": m}} for m in ("seq_ft", "ewc")]}
+    config = write_config(tmp_path / "b.yaml", {**tiny_run_config(tiny_model_dir), "bench": twice})
+    code, err = invoke(monkeypatch, capsys, "validate", str(config))
+    assert code == 2 and "variant 'a' is listed twice" in err, err
+
+
+def test_a_geometry_rank_below_one_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, err = invoke(monkeypatch, capsys, "diagnose", "geometry", str(tmp_path), "--rank", "0")
+    assert code == 2 and "Invalid value for '--rank'" in err, err

@@ -176,3 +176,12 @@ def test_a_refused_config_writes_nothing(tiny_model_dir: Path, tmp_path: Path) -
     with pytest.raises(ConfigError, match=r"train\.lamda"):
         trainer(tiny_model_dir, out, [("first", records("a"))], method="ewc", lamda=3.0).fit()
     assert not out.exists()
+
+
+def test_a_users_folder_is_refused_by_its_keyword(tiny_model_dir: Path, tmp_path: Path) -> None:
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"choose a new or empty out_dir$"):
+        trainer(tiny_model_dir, mine, [("a", records("a"))]).fit()
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]

@@ -129,6 +129,8 @@ def test_every_out_folder_command_refuses_a_users_folder(
     code, err = cli(capsys, *args, str(target))
     assert code == 2, err
     assert f"{target}: not empty and not written by forgetless" in one_line(err)
+    place = "OUT" if command == "export" else "--out"  # as each command's help names it
+    assert one_line(err).endswith(f"choose a new or empty {place}"), err
     assert snapshot(target) == before
 
 

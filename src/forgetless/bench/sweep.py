@@ -79,6 +79,14 @@ def folder_name(variant: str) -> str:
     return variant.replace("/", "_").replace(" ", "_")
 
 
+def check_distinct(variants: list[Variant]) -> None:
+    """Each variant once: a name listed twice would be one run folder counted as two runs."""
+    names = [v.name for v in variants]
+    twice = [n for i, n in enumerate(names) if n in names[:i]]
+    if twice:
+        raise ConfigError(f"bench: variant {twice[0]!r} is listed twice; list each variant once")
+
+
 def plan_runs(
     base: dict[str, Any],
     variants: list[Variant],
@@ -93,6 +101,7 @@ def plan_runs(
     Seed by seed, every variant of one seed before the next seed: a bench stopped part-way
     (or resumed over several sittings) leaves each variant with the same seeds, so what has
     landed can already be compared in pairs."""
+    check_distinct(variants)
     planned = []
     seed_numbers = range(first_seed, first_seed + seeds)
     for seed, order, variant in itertools.product(seed_numbers, range(orders), variants):

@@ -355,12 +355,12 @@ def bench(
             "'all' = every method."
         ),
     ] = None,
-    seeds: Annotated[Optional[int], typer.Option(help="Seeds per variant.")] = None,  # noqa: UP045
+    seeds: Annotated[Optional[int], typer.Option(min=1, help="Seeds per variant.")] = None,  # noqa: UP045
     first_seed: Annotated[
         Optional[int],  # noqa: UP045
         typer.Option(help="First seed (default 0): tune on seeds apart from the measuring ones."),
     ] = None,
-    orders: Annotated[Optional[int], typer.Option(help="Task orders per seed.")] = None,  # noqa: UP045
+    orders: Annotated[Optional[int], typer.Option(min=1, help="Task orders per seed.")] = None,  # noqa: UP045
     out: Annotated[Optional[Path], typer.Option(help="Output folder (default runs/bench).")] = None,  # noqa: UP045
     set_: SetOpt = None,
     quiet: QuietOpt = False,
@@ -395,6 +395,7 @@ def bench(
     from forgetless.config.presets import DEMO_BENCH_METHODS
     from forgetless.contract import registered_methods
     from forgetless.core import registry
+    from forgetless.errors import ConfigError
     from forgetless.report.render import write_report
     from forgetless.report.table import bench_screen_table
 
@@ -402,8 +403,10 @@ def bench(
     section = cfg.bench or BenchSection()
     if methods == "all":
         variants = [parse_variant(name) for name in sorted(registered_methods())]
-    elif methods:
+    elif methods is not None:
         variants = select_variants(split_variants(methods), section.variants)
+        if not variants:
+            raise ConfigError("--methods: names no variant; e.g. --methods seq_ft,ewc")
     else:
         known = registry.known_names()  # without importing every method (nor the experimental)
         defaults = [m for m in DEMO_BENCH_METHODS if m in known]
@@ -415,8 +418,8 @@ def bench(
     result = run_bench(
         data,
         variants,
-        seeds or section.seeds,
-        orders or section.orders,
+        section.seeds if seeds is None else seeds,
+        section.orders if orders is None else orders,
         out_dir,
         console,
         progress=not quiet,
@@ -443,7 +446,10 @@ def report(folder: Annotated[Path, typer.Argument(help="A run or bench output fo
 @app.command()
 def export(
     run_dir: Annotated[Path, typer.Argument(help="A finished run folder.")],
-    out: Annotated[Path, typer.Argument(help="New model folder (must not exist).")],
+    out: Annotated[
+        Path,
+        typer.Argument(help="Model folder: new, empty, or an earlier export (replaced whole)."),
+    ],
     task: Annotated[
         Optional[int],  # noqa: UP045
         typer.Option(help="The model after this task (1-based; default: the last finished)."),

@@ -56,7 +56,7 @@ def geometry(
         Optional[Path],  # noqa: UP045
         typer.Option(help="Output JSON (default RUN_DIR/geometry.json of the first run)."),
     ] = None,
-    rank: Annotated[int, typer.Option(help="Truncated-SVD rank for full fine-tuning.")] = 64,
+    rank: Annotated[int, typer.Option(min=1, help="Truncated-SVD rank for full fine-tuning.")] = 64,
 ) -> None:
     """Per task: update norm, conflicts, retention change ΔR; their correlations; a plot."""
     from forgetless.diagnostics.diagnose_geometry import SIGNALS, diagnose_runs
@@ -101,7 +101,7 @@ def attribution(
         Optional[Path],  # noqa: UP045
         typer.Option(help="Output JSON (default RUN_DIR/attribution.json)."),
     ] = None,
-    samples: Annotated[int, typer.Option(help="Training samples scored per task.")] = 32,
+    samples: Annotated[int, typer.Option(min=1, help="Training samples scored per task.")] = 32,
     top: Annotated[float, typer.Option(help="Top-K fraction of the map normalization.")] = 0.01,
     overlap: Annotated[float, typer.Option(help="Top fraction whose sets are compared.")] = 0.05,
     same_model: Annotated[
@@ -165,11 +165,11 @@ def circuits(
     behaviour: Annotated[
         str, typer.Option(help="A built-in task's prompts and answers, or a JSONL file.")
     ] = "copy",
-    n: Annotated[int, typer.Option(help="Examples of the behaviour.")] = 16,
+    n: Annotated[int, typer.Option(min=1, help="Examples of the behaviour.")] = 16,
     counterfactual: Annotated[
         str, typer.Option(help="mean (mean ablation) or corrupt (corrupted prompts).")
     ] = "mean",
-    steps: Annotated[int, typer.Option(help="DBM optimisation steps.")] = 200,
+    steps: Annotated[int, typer.Option(min=1, help="DBM optimisation steps.")] = 200,
     lr: Annotated[float, typer.Option(help="DBM learning rate (Adam on mask logits).")] = 0.1,
     temperature: Annotated[float, typer.Option(help="τ of the mask sigmoid σ(ℓ/τ).")] = 1.0,
     final_temperature: Annotated[
@@ -185,7 +185,7 @@ def circuits(
         float, typer.Option(help="Necessity and sufficiency share for a critical specialist.")
     ] = 0.1,
     delta: Annotated[float, typer.Option(help="δ of differential vulnerability.")] = 0.1,
-    chunk: Annotated[int, typer.Option(help="Masked copies per effects forward pass.")] = 64,
+    chunk: Annotated[int, typer.Option(min=1, help="Masked copies per effects forward pass.")] = 64,
     effects: Annotated[
         str,
         typer.Option(
@@ -246,7 +246,7 @@ def drift(
     probes: Annotated[
         str, typer.Option(help="Comma-separated built-in retention probes.")
     ] = "copy,upper,facts,add",
-    n: Annotated[int, typer.Option(help="Probe examples per probe.")] = 32,
+    n: Annotated[int, typer.Option(min=1, help="Probe examples per probe.")] = 32,
     seed: Annotated[int, typer.Option(help="Seed of the probe data.")] = 0,
     out: Annotated[
         Optional[Path],  # noqa: UP045

@@ -111,7 +111,7 @@ def train(
     lr: Annotated[Optional[float], typer.Option(help="Learning rate.")] = None,  # noqa: UP045
     n_per_task: Annotated[
         Optional[int],  # noqa: UP045
-        typer.Option(help="Examples per task."),
+        typer.Option(min=1, help="Examples per task."),
     ] = None,
     tasks: TasksOpt = None,
     seed: Annotated[Optional[int], typer.Option(help="Seed.")] = None,  # noqa: UP045
@@ -186,7 +186,7 @@ def evaluate(
             "probes, or every built-in task without a CONFIG)."
         ),
     ] = None,
-    n_per_task: Annotated[int, typer.Option(help="Examples per task.")] = 300,
+    n_per_task: Annotated[int, typer.Option(min=1, help="Examples per task.")] = 300,
     split: Annotated[str, typer.Option(help="Which split of each task: eval or train.")] = "eval",
     seed: Annotated[int, typer.Option(help="Seed of the built-in data.")] = 0,
     quiet: QuietOpt = False,

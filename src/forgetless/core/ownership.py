@@ -68,24 +68,26 @@ Inputs = Iterable[Path] | Mapping[str, Path]
 """The files a command reads, each named by its place in the config where it has one."""
 
 
-def _refuse_inputs(out: Path, inputs: Inputs) -> None:
+def _refuse_inputs(out: Path, inputs: Inputs, place: str) -> None:
     named = inputs.items() if isinstance(inputs, Mapping) else ((str(p), p) for p in inputs)
     for label, source in named:
         if _contains(out, source):
             how = "is" if out.resolve() == source.resolve() else "holds"
             raise ConfigError(
-                f"{out}: {how} the input {label}; an input is never an output: choose another --out"
+                f"{out}: {how} the input {label}; an input is never an output: "
+                f"choose another {place}"
             )
 
 
-def check_output_folder(out: Path, kind: str, inputs: Inputs = ()) -> bool:
-    """Refuse ``out`` unless it is new, empty, or already a ``kind`` output of forgetless.
+def check_output_folder(out: Path, kind: str, inputs: Inputs = (), place: str = "--out") -> bool:
+    """Refuse ``out`` unless it is new, empty, or already a ``kind`` output of forgetless;
+    ``place`` is how the caller names ``out`` (``--out``, ``OUT``, ``out_dir``).
 
     Returns whether it already holds one (a resume, or a replacement of an earlier output).
     """
     if out.exists() and not out.is_dir():
-        raise ConfigError(f"{out}: --out is a file, not a folder")
-    _refuse_inputs(out, inputs)
+        raise ConfigError(f"{out}: {place} is a file, not a folder")
+    _refuse_inputs(out, inputs, place)
     if not out.exists() or not any(out.iterdir()):
         return False
     owner = folder_owner(out)
@@ -93,21 +95,23 @@ def check_output_folder(out: Path, kind: str, inputs: Inputs = ()) -> bool:
         return True
     if owner is not None:
         raise ConfigError(
-            f"{out}: holds a forgetless {owner} output, not a {kind} one; choose another --out"
+            f"{out}: holds a forgetless {owner} output, not a {kind} one; choose another {place}"
         )
     names = ", ".join(sorted(p.name for p in out.iterdir())[:3])
     raise ConfigError(
         f"{out}: not empty and not written by forgetless (holds {names}); forgetless never "
-        "writes over files it did not write: choose a new or empty --out"
+        f"writes over files it did not write: choose a new or empty {place}"
     )
 
 
 @contextmanager
-def replace_output(out: Path, kind: str, inputs: Inputs = ()) -> Iterator[Path]:
+def replace_output(
+    out: Path, kind: str, inputs: Inputs = (), place: str = "--out"
+) -> Iterator[Path]:
     """Check that ``out`` may hold a ``kind`` output, then yield a folder to write it in whole:
     it takes ``out``'s place, marked, only once the block ends without an error; until then, and
     after an interrupt at any point, ``out`` is as it was (or absent when it was new)."""
-    check_output_folder(out, kind, inputs)
+    check_output_folder(out, kind, inputs, place)
     with atomic_dir(out) as folder:
         yield folder
         mark_folder(folder, kind)

@@ -145,7 +145,7 @@ class ContinualTrainer:
         Everything is checked before anything is written: the config, and, where ``out_dir``
         holds a run that has trained, that the data and config are the ones it began with (or
         ``allow_config_change``, recorded in its results)."""
-        check_output_folder(self.out_dir, "run")
+        check_output_folder(self.out_dir, "run", place="out_dir")
         cfg, files = self.planned()
         self._check_resumable(cfg, files)
         self.out_dir.mkdir(parents=True, exist_ok=True)

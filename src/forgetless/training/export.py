@@ -72,7 +72,7 @@ def export_model(run_dir: Path, out: Path, task: int | None = None) -> dict[str,
     """
     from forgetless.training.runner import load_tasks
 
-    check_output_folder(out, "export", [run_dir])
+    check_output_folder(out, "export", [run_dir], place="OUT")
     cfg, results = load_run(run_dir)
     names = [t.name for t in load_tasks(cfg.tasks, cfg)]
     done = int(results.get("completed_tasks", 0))
@@ -91,7 +91,7 @@ def export_model(run_dir: Path, out: Path, task: int | None = None) -> dict[str,
         "finetune": cfg.finetune.mode,
         "lora_folded_in": folded,
     }
-    with replace_output(out, "export", [run_dir]) as tmp:
+    with replace_output(out, "export", [run_dir], place="OUT") as tmp:
         model.save_pretrained(str(tmp), safe_serialization=True)  # type: ignore[operator]
         tokenizer.save_pretrained(str(tmp))
         atomic_write_json(tmp / EXPORT_RECORD, record)
