@@ -103,9 +103,22 @@ def test_bad_data_and_names_are_one_line(tiny_model_dir: Path, tmp_path: Path) -
         trainer(tiny_model_dir, tmp_path / "b", [("../up", records("a"))]).fit()
     assert not (tmp_path / "up.jsonl").exists()
     with pytest.raises(
-        DataError, match=r"data/y\.jsonl:1: no column 'prompt'; found: question, answer"
+        DataError, match=r"^ContinualTrainer: tasks: 'y': row 0: no column 'prompt'; found: "
     ):
         trainer(tiny_model_dir, tmp_path / "c", [("y", [{"question": "a", "answer": "b"}])]).fit()
+    bad_chat = [{"messages": [{"role": "human", "content": "hi"}]}]
+    with pytest.raises(DataError, match=r"'z' \(eval\): row 0: message 0 has role 'human'"):
+        held = {"train": records("a"), "test": bad_chat}
+        trainer(tiny_model_dir, tmp_path / "c", [("a", records("a")), ("z", held)]).fit()
+    with pytest.raises(DataError, match=r"'w': a mapping of splits needs a 'train' split"):
+        trainer(tiny_model_dir, tmp_path / "c", [("w", {"test": records("a")})]).fit()
+    with pytest.raises(ConfigError, match=r"probes\.1: unknown built-in task 'copyy'"):
+        trainer(tiny_model_dir, tmp_path / "c", [("a", records("a"))], probes=["copy", "copyy"])
+    with pytest.raises(ConfigError, match=r"tasks\.0: expected a \(name, data\) pair, got list"):
+        trainer(tiny_model_dir, tmp_path / "c", [records("a")])
+    with pytest.raises(ConfigError, match=r"tasks: a mapping; give a list of \(name, data\)"):
+        trainer(tiny_model_dir, tmp_path / "c", {"a": records("a")})  # type: ignore[arg-type]
+    assert not (tmp_path / "c").exists()  # every refusal came before anything was written
 
 
 def test_a_peft_model_trains_its_own_adapter(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import tiny_run_config
+from conftest import CrashAt, tiny_run_config
 from rich.console import Console
 
 from forgetless.config.loading import validate_config
@@ -53,13 +53,15 @@ def test_a_checkpoint_holding_only_a_pickle_is_refused(
 ) -> None:
     raw = tiny_run_config(
         tiny_model_dir,
-        tasks=["reverse"],
+        tasks=["reverse", "cipher"],
         probes=[],
         train={"steps": 1, "batch_size": 4, "max_length": 32},
         eval={"n_eval": 4, "n_train": 8, "kl_drift": False},
     )
     cfg = validate_config(raw)
-    Runner(cfg, tmp_path / "out", Console(quiet=True), progress=False).run()
+    with pytest.raises(KeyboardInterrupt):  # stopped after task 1: a resume restores it
+        stop = CrashAt(task=2, step=0)
+        Runner(cfg, tmp_path / "out", Console(quiet=True), progress=False, method=stop).run()
     ckpt = tmp_path / "out/checkpoints/task-01-reverse"
     (ckpt / "model.safetensors").unlink()
     marker = tmp_path / "payload-ran"

@@ -83,17 +83,24 @@ def _choice_example(record: Mapping[str, Any], where: str, columns: Columns, hin
     return Example(prompt=prompt, completion=completion, choices=tuple(choices), label=label)
 
 
+def _message_fault(index: int, message: Any) -> str | None:
+    """What is wrong with one chat message, or None."""
+    if not isinstance(message, Mapping):
+        return f"message {index} is a {type(message).__name__}, not a {{role, content}} object"
+    if message.get("role") not in ROLES:
+        roles = ", ".join(sorted(ROLES))
+        return f"message {index} has role {message.get('role')!r}; roles are {roles}"
+    if not isinstance(message.get("content"), str):
+        return f"message {index}'s content is not text"
+    return None
+
+
 def _chat_example(messages: Any, where: str) -> Example:
-    ok = (
-        isinstance(messages, list)
-        and messages
-        and all(
-            isinstance(m, Mapping) and m.get("role") in ROLES and isinstance(m.get("content"), str)
-            for m in messages
-        )
-    )
-    if not ok:
+    if not isinstance(messages, list) or not messages:
         raise DataError(f"{where}: 'messages' must be a list of {{role, content}} objects")
+    fault = next(filter(None, (_message_fault(i, m) for i, m in enumerate(messages))), None)
+    if fault:
+        raise DataError(f"{where}: {fault}")
     if messages[-1]["role"] != "assistant":
         raise DataError(f"{where}: the last message must be the assistant's answer")
     turns = tuple({"role": m["role"], "content": m["content"]} for m in messages)

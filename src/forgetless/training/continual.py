@@ -19,11 +19,14 @@ from typing import Any
 
 from rich.console import Console
 
+from forgetless.config.evaluation import LMEVAL_PREFIX
 from forgetless.config.loading import validate_config
-from forgetless.config.schema import TASK_NAME, RunConfig
+from forgetless.config.schema import TASK_NAME, Columns, RunConfig
 from forgetless.core.ownership import check_output_folder, mark_folder
 from forgetless.core.storage import atomic_write_text
 from forgetless.errors import ConfigError, DataError
+from forgetless.tasks.builtin import known_task_names, unknown_task
+from forgetless.tasks.loaders import example_from_record
 from forgetless.training.inputs import Fingerprint
 from forgetless.training.results import Results
 from forgetless.training.resume import API_REMEDIES, folder_has_trained, resume_check
@@ -46,10 +49,41 @@ def _rows(data: Any, where: str) -> list[dict[str, Any]]:
 
 def _splits(data: Any, where: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
     """Training records, and evaluation records when a ``DatasetDict`` holds an eval split."""
-    if isinstance(data, Mapping) and "train" in data:
+    if isinstance(data, Mapping):
+        if "train" not in data:
+            raise DataError(
+                f"{where}: a mapping of splits needs a 'train' split (has {', '.join(data)})"
+            )
         held = next((data[s] for s in EVAL_SPLITS if s in data), None)
         return _rows(data["train"], f"{where}.train"), held and _rows(held, f"{where}.eval")
     return _rows(data, where), None
+
+
+def _check_records(rows: list[dict[str, Any]], where: str) -> None:
+    """Each record in a form a task reads (prompt/completion, chat, multiple choice), checked
+    in memory so that a bad one is named by its task and row before anything is written."""
+    for index, row in enumerate(rows):
+        example_from_record(row, f"{where}: row {index}", Columns())
+
+
+def _pairs(items: Sequence[Any], section: str, names_allowed: bool) -> list[Any]:
+    """``items`` as given, each a ``(name, data)`` pair (or, for probes, a built-in name)."""
+    if isinstance(items, Mapping):
+        raise ConfigError(
+            f"ContinualTrainer: {section}: a mapping; give a list of (name, data) pairs, "
+            f"e.g. list({section}.items())"
+        )
+    for index, item in enumerate(items):
+        if names_allowed and isinstance(item, str):
+            if not item.startswith(LMEVAL_PREFIX) and item not in known_task_names():
+                raise ConfigError(f"ContinualTrainer: {section}.{index}: {unknown_task(item)}")
+            continue
+        if not (isinstance(item, tuple | list) and len(item) == 2 and isinstance(item[0], str)):
+            got = type(item).__name__
+            raise ConfigError(
+                f"ContinualTrainer: {section}.{index}: expected a (name, data) pair, got {got}"
+            )
+    return list(items)
 
 
 def _adapter(model: Any) -> Any:
@@ -133,7 +167,7 @@ class ContinualTrainer:
         if not tasks:
             raise ConfigError("ContinualTrainer: tasks: give at least one (name, data) pair")
         self.model, self.tokenizer = model, tokenizer
-        self.tasks, self.probes = list(tasks), list(probes)
+        self.tasks, self.probes = _pairs(tasks, "tasks", False), _pairs(probes, "probes", True)
         self.method, self.finetune, self.evaluation = method, finetune, dict(evaluation or {})
         self.out_dir, self.seed, self.train = Path(out_dir), seed, train
         self.progress, self.console = progress, console or Console()
@@ -177,7 +211,8 @@ class ContinualTrainer:
             "eval": self.evaluation,
             "tasks": [self._task(name, d, "tasks", files) for name, d in self.tasks],
             "probes": [
-                p if isinstance(p, str) else self._task(*p, "probes", files) for p in self.probes
+                p if isinstance(p, str) else self._task(p[0], p[1], "probes", files)
+                for p in self.probes
             ],
             "method": self.method if isinstance(self.method, str) else dict(self.method),
         }
@@ -221,7 +256,10 @@ class ContinualTrainer:
         if not TASK_NAME.fullmatch(name):
             raise ConfigError(f"{where}: not usable as a file name (letters, digits, _ . + = @ -)")
         train, held = _splits(data, where)
-        folder = self.out_dir / DATA_DIR
+        _check_records(train, where)
+        if held:
+            _check_records(held, f"{where} (eval)")
+        folder = self.out_dir.resolve() / DATA_DIR  # the config then reads from any folder
         source: dict[str, Any] = {}
         for key, rows, path in (("train", train, folder / f"{name}.jsonl"),
                                 ("eval", held, folder / f"{name}.eval.jsonl")):  # fmt: skip

@@ -8,6 +8,7 @@ from typing import Any
 
 from forgetless.config.schema import RunConfig, TaskConfig
 from forgetless.engine.progress import Heartbeat
+from forgetless.errors import ForgetlessError
 from forgetless.tasks.base import Task
 from forgetless.tasks.formatting import Features, encode_training_set, unknown_token_examples
 from forgetless.tasks.loaders import build_task
@@ -24,13 +25,25 @@ def load_tasks(
     heartbeat = Heartbeat(say or (lambda line: None), "building tasks", len(configs))
     tasks = []
     for index, config in enumerate(configs):
-        task = build_task(config, cfg.eval, cfg.seed, probes)
-        note = None if probes else cap_note(task, config, f"tasks.{index}")
+        place = _place(config, cfg, index, probes)
+        try:
+            task = build_task(config, cfg.eval, cfg.seed, probes)
+        except ForgetlessError as err:
+            raise type(err)(f"{place}: {err}") from None
+        note = None if probes else cap_note(task, config, place)
         if note and say:
             say(note)
         tasks.append(task)
         heartbeat.beat()
     return tasks
+
+
+def _place(config: TaskConfig, cfg: RunConfig, index: int, probes: bool) -> str:
+    """Where ``config`` sits in the run's config (``tasks.0``, ``probes.2``), for an error line;
+    a task list that is not the config's own is counted as given."""
+    section = cfg.probes if probes else cfg.tasks
+    found = next((i for i, entry in enumerate(section) if entry is config), index)
+    return f"{'probes' if probes else 'tasks'}.{found}"
 
 
 def cap_note(task: Task, config: TaskConfig, place: str) -> str | None:
