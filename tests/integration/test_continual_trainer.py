@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 from typing import Any
@@ -198,3 +199,21 @@ def test_a_users_folder_is_refused_by_its_keyword(tiny_model_dir: Path, tmp_path
     with pytest.raises(ConfigError, match=r"choose a new or empty out_dir$"):
         trainer(tiny_model_dir, mine, [("a", records("a"))]).fit()
     assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+
+
+def test_a_tokenizer_that_loses_text_is_said_and_the_saved_config_runs_anywhere(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    from transformers import AutoTokenizer
+
+    model, _ = loaded(tiny_model_dir)
+    wrong = AutoTokenizer.from_pretrained(tiny_model_dir)  # Qwen2Tokenizer: drops spaces
+    said = Console(record=True, width=400, file=io.StringIO())
+    trainer = forgetless.ContinualTrainer(
+        model, wrong, [("a", records("a"))], out_dir=tmp_path / "run", progress=False,
+        console=said, evaluation=EVAL, **TRAIN,
+    )  # fmt: skip
+    trainer.fit()
+    assert "gives 'ab cd ef' back as 'abcdef'" in said.export_text()
+    saved = trainer.config().tasks[0].jsonl
+    assert saved is not None and Path(saved.train).is_absolute()

@@ -472,3 +472,18 @@ def test_a_budget_needs_probes_and_a_knob() -> None:
         ForgettingControl("ewc", budget=budget)
     with pytest.raises(forgetless.ConfigError, match="no knob"):
         ForgettingControl("freeze", budget=budget, probes=["copy"])
+
+
+def test_a_tokenizer_that_loses_text_is_warned_of_as_the_trainer_meets_it(
+    tmp_path: Path,
+) -> None:
+    """transformers 5's AutoTokenizer loads the shipped base's generic tokenizer as
+    Qwen2Tokenizer, which drops its spaces: the user hears of it before training."""
+    from transformers import AutoTokenizer
+
+    wrong = AutoTokenizer.from_pretrained(SHIPPED_BASE)
+    model = AutoModelForCausalLM.from_pretrained(str(SHIPPED_BASE))
+    data = features(build_char_tokenizer(), "reverse", 8)
+    args = arguments(Trainer, tmp_path, steps=1)
+    with pytest.warns(UserWarning, match=r"gives 'ab cd ef' back as 'abcdef'"):
+        with_method(Trainer, "seq_ft")(**trainer_kwargs(Trainer, model, wrong, args, data))

@@ -12,6 +12,7 @@ anchors, replay memory), so the method's state carries to the next one.
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ from forgetless.integrations.callback import ForgettingCallback
 from forgetless.integrations.fit import refusal
 from forgetless.integrations.measure import ProbeMeter, resolve_probes
 from forgetless.integrations.step import StepLoss
+from forgetless.models.loading import lost_text_warning
 from forgetless.tasks.base import Example, Task
 from forgetless.training.budget_probe import budget_measure
 
@@ -196,6 +198,9 @@ class ForgettingControl:
         """The model as the control first meets it is the base: the loader of its copies, the
         meter's reference and the budget's."""
         model, tokenizer = trainer.model, tokenizer_of(trainer)
+        lost = lost_text_warning(tokenizer)
+        if lost:
+            warnings.warn(lost.removeprefix("warning: "), UserWarning, stacklevel=2)
         if self.base is None:
             self.base = self._default_base(model)
         if not self.probes:

@@ -99,6 +99,26 @@ def _check_spells(tokenizer: Any, source: str) -> None:
         raise _no_tokenizer(source, "has a tokenizer that spells no text: its files are missing")
 
 
+ROUND_TRIP = "ab cd ef"
+"""Words and spaces every tokenizer of a language model spells back unchanged."""
+
+
+def lost_text_warning(tokenizer: Any) -> str | None:
+    """One line when ``tokenizer`` does not give back ``ROUND_TRIP`` after encoding it: a
+    tokenizer loaded as another class than its folder declares (transformers 5's AutoTokenizer
+    picks Qwen2Tokenizer for a qwen2 model whose folder declares the generic fast tokenizer)
+    drops characters, and a run on it learns from text it never sees."""
+    ids = tokenizer(ROUND_TRIP, add_special_tokens=False)["input_ids"]
+    back = tokenizer.decode(ids, skip_special_tokens=True)
+    if back == ROUND_TRIP:
+        return None
+    return (
+        f"warning: the tokenizer ({type(tokenizer).__name__}) gives {ROUND_TRIP!r} back as "
+        f"{back!r}; if its folder's tokenizer_config.json names TokenizersBackend or "
+        "PreTrainedTokenizerFast, load it with PreTrainedTokenizerFast.from_pretrained(folder)"
+    )
+
+
 def cache_only(source: str, cfg: ModelConfig) -> bool:
     """Whether the hub id ``source`` must be read from the cache alone (offline, or the hub out
     of reach); one that is not cached then is refused at once (``forgetless.core.hub``)."""

@@ -23,7 +23,7 @@ from forgetless.errors import ConfigError
 from forgetless.eval.evaluator import Evaluator
 from forgetless.models.device import pick_device
 from forgetless.models.finetuner import Finetuner
-from forgetless.models.loading import load_model_and_tokenizer, resolve_source
+from forgetless.models.loading import load_model_and_tokenizer, lost_text_warning, resolve_source
 from forgetless.tasks.base import Task
 from forgetless.training.base_row import base_row_path, load_base_row, store_base_row
 from forgetless.training.budget_probe import budget_measure, start_monitor
@@ -159,6 +159,9 @@ class Runner:
         cfg = self.cfg
         if self.loaded is not None:
             model, tokenizer = self.loaded
+            warning = lost_text_warning(tokenizer)  # a user's tokenizer, loaded their way
+            if warning:
+                self.console.print(warning, markup=False, highlight=False, soft_wrap=True)
             model.to(self.device)
             return model, tokenizer, str(cfg.model.name_or_path or "in-memory model")
         built = None
