@@ -144,6 +144,14 @@ def test_finetune_takes_its_mode_alone() -> None:
         ),
         ({"eval": {"zzz": 1}}, "eval.zzz: Extra inputs are not permitted"),
         (
+            {"tasks": ["copy"], "method": {"name": "ewc", "lamm": 3}},
+            "method.lamm: Extra inputs are not permitted; did you mean 'lam'?",
+        ),
+        (
+            {"tasks": ["copy"], "method": {"name": "sae_fd", "rhoo": 0.5}},
+            "method.rhoo: Extra inputs are not permitted; did you mean 'rho'?",
+        ),
+        (
             {"tasks": ["copy", {"builtin": "upper", "scorer": "bogus"}]},
             "tasks.1.scorer: unknown scorer kind 'bogus'",
         ),

@@ -87,20 +87,32 @@ PYDANTIC_PREFIXES = ("Value error, ", "Assertion failed, ")
 
 
 def format_validation_error(
-    err: ValidationError, source: str, root: type[BaseModel] | None = None
+    err: ValidationError, source: str, root: type[BaseModel] | None = None, data: Any = None
 ) -> str:
     """All of a ValidationError on one line: ``source: field.path: message; ...``; with the
-    ``root`` model, an unknown field gets the closest known name (``did you mean``)."""
+    ``root`` model, an unknown field gets the closest known name (``did you mean``), a method's
+    option the closest of its method's options (named in ``data``, the input validated)."""
     parts = []
     for item in err.errors():
         loc = ".".join(_printable(p) for p in item["loc"] if not _is_union_tag(p)) or "<root>"
         msg = " ".join(str(item["msg"]).split())
         msg = next((msg[len(p) :] for p in PYDANTIC_PREFIXES if msg.startswith(p)), msg)
         if root is not None and item["type"] == "extra_forbidden" and item["loc"]:
-            known = fields_at(root, item["loc"][:-1])
+            known = _known_fields(root, item["loc"][:-1], data)
             msg += registry.did_you_mean(str(item["loc"][-1]), known)
         parts.append(f"{loc}: {msg}")
     return f"{source}: " + "; ".join(parts)
+
+
+def _known_fields(root: type[BaseModel], loc: tuple[Any, ...], data: Any) -> list[str]:
+    """The field names at ``loc``; under a run's ``method``, those of the method it names."""
+    entry = data.get("method") if isinstance(data, dict) else None
+    name = entry.get("name") if isinstance(entry, dict) else None
+    if root is RunConfig and loc == ("method",) and isinstance(name, str):
+        method = registry.lookup(name)
+        if method is not None:
+            return sorted(method.config_cls.model_fields)
+    return fields_at(root, loc)
 
 
 def fields_at(root: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
@@ -144,7 +156,7 @@ def validate_config(data: dict[str, Any], source: str = "config") -> RunConfig:
     try:
         config = RunConfig.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(format_validation_error(err, source, RunConfig)) from None
+        raise ConfigError(format_validation_error(err, source, RunConfig, data)) from None
     check_fits(config, source)
     return config
 
