@@ -76,6 +76,10 @@ def test_cli_export_one_line(lora_run: Path, tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["export", str(lora_run), str(tmp_path / "m")])
     assert result.exit_code == 0, result.output
     assert "after task 2 (cipher) (LoRA folded in)" in " ".join(result.output.split())
+    assert "replaced" not in result.output
+    again = CliRunner().invoke(app, ["export", str(lora_run), str(tmp_path / "m"), "--task", "1"])
+    assert again.exit_code == 0, again.output
+    assert "after task 1 (reverse)" in again.output and "is replaced" in again.output
     missing = CliRunner().invoke(app, ["export", str(tmp_path / "nope"), str(tmp_path / "x")])
     assert missing.exit_code != 0
 

@@ -459,11 +459,15 @@ def export(
 
     Safetensors weights, tokenizer and chat template, for `diagnose circuits`, transformers or
     mergekit."""
-    from forgetless.training.export import export_model
+    from forgetless.training.export import EXPORT_RECORD, export_model
 
+    earlier = (out / EXPORT_RECORD).is_file()
     record = export_model(run_dir, out, task)
     folded = " (LoRA folded in)" if record["lora_folded_in"] else ""
-    console.print(f"model after task {record['after_task']} ({record['task']}){folded}: {out}")
+    replaced = " (the export that was there is replaced)" if earlier else ""
+    console.print(
+        f"model after task {record['after_task']} ({record['task']}){folded}: {out}{replaced}"
+    )
 
 
 def _is_click_error(err: BaseException) -> bool:
