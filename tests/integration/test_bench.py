@@ -11,14 +11,18 @@ from typing import Any
 import pytest
 import yaml
 from conftest import tiny_run_config
+from rich.console import Console
 
 from forgetless.bench.jobs import pace_text
 from forgetless.bench.stats import mean_interval, separated
 from forgetless.bench.sweep import plan_runs
 from forgetless.bench.variants import Variant, parse_variant, select_variants, task_order
 from forgetless.cli.app import main, split_variants
+from forgetless.config.loading import validate_config
 from forgetless.errors import ConfigError
 from forgetless.report.plots import pareto_front
+from forgetless.report.render import write_report
+from forgetless.training.runner import Runner
 
 
 def test_mean_interval_matches_student_t() -> None:
@@ -315,3 +319,22 @@ def test_a_parallel_benchs_pace_gives_the_time_left() -> None:
     assert pace_text(3, 15, 3600.0) == "3 of 15 runs; about 4h00m left at the pace so far"
     assert pace_text(1, 2, 90.0) == "1 of 2 runs; about 1m30s left at the pace so far"
     assert pace_text(2, 2, 500.0) == "2 of 2 runs"
+
+
+@pytest.mark.parametrize(
+    ("name", "content"),
+    [("report.md", b"my own notes\n"), ("plots/forgetting.png", b"mine"), ("report.html", b"x")],
+)
+def test_a_report_replaces_its_own_files_and_none_of_the_users(
+    name: str, content: bytes, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    cfg = validate_config(tiny_run_config(tiny_model_dir))
+    Runner(cfg, tmp_path / "r", Console(quiet=True), progress=False).run()
+    write_report(tmp_path / "r")
+    write_report(tmp_path / "r")  # an earlier report is replaced
+    mine = tmp_path / "r" / name
+    mine.write_bytes(content)
+    before = {p: p.read_bytes() for p in (tmp_path / "r").rglob("*") if p.is_file()}
+    with pytest.raises(ConfigError, match="is not part of a forgetless report"):
+        write_report(tmp_path / "r")
+    assert {p: p.read_bytes() for p in (tmp_path / "r").rglob("*") if p.is_file()} == before

@@ -14,6 +14,7 @@ from forgetless.core.storage import atomic_write_text
 from forgetless.errors import CheckpointError, ConfigError
 from forgetless.eval.metrics import RUN_METRICS
 from forgetless.report import plots
+from forgetless.report.guard import check_report_targets
 from forgetless.training.results import Results
 
 METRIC_KEYS = list(RUN_METRICS)
@@ -324,6 +325,7 @@ def sections_for_bench(
 
 def write_report(folder: Path) -> tuple[Path, Path]:
     """Write ``report.md`` and ``report.html`` into ``folder`` (a run or a bench output folder)."""
+    check_report_targets(folder, bench=(folder / "bench.json").is_file())
     if (folder / "bench.json").is_file():
         title, sections, pictures = sections_for_bench(read_bench(folder / "bench.json"), folder)
     else:
