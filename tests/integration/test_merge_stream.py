@@ -166,6 +166,7 @@ def test_opcm_stream_keeps_the_mean_task_norm(
     merged = sum(float((got[n] - base[n]).pow(2).sum()) for n in base) ** 0.5
     assert merged == pytest.approx(sum(norms) / 2, rel=1e-4)
     assert stats.scalars["opcm_lambda"] > 1.0  # two nearly orthogonal updates: ‖R‖ ≈ √2·mean
+    assert all(0 < n <= stats.tensors for n in stats.changed)  # each tensor counted once
 
 
 def _invoke(

@@ -140,8 +140,9 @@ class TaskSource:
             raise ConfigError(f"tasks: no such folder: {folder}")
         self.folder = folder
         self.is_adapter = (folder / "adapter_config.json").is_file()
-        self.changed = 0
-        """Base tensors this task's update changes (counted during the merge)."""
+        self.changed_names: set[str] = set()
+        """Base tensors this task's update changes (found during the merge; a rule that reads
+        a delta twice, as OPCM does, finds the same name again)."""
         if self.is_adapter:
             try:
                 terms = adapter_terms(folder)
@@ -182,8 +183,12 @@ class TaskSource:
             key = next((k for k in aliases if k is not None and k in self.files.where), None)
             found = None if key is None else task_vector(base, self.files.get(key))
         if found is not None and _nonzero(found):
-            self.changed += 1
+            self.changed_names.add(name)
         return found
+
+    @property
+    def changed(self) -> int:
+        return len(self.changed_names)
 
 
 def _base_name(name: str, base: dict[str, tuple[int, ...]]) -> str:
