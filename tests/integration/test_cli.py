@@ -270,3 +270,42 @@ def test_a_geometry_rank_below_one_is_refused(
 ) -> None:
     code, err = invoke(monkeypatch, capsys, "diagnose", "geometry", str(tmp_path), "--rank", "0")
     assert code == 2 and "Invalid value for '--rank'" in err, err
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["circuits", "A", "B", "--temperature", "0"], "'--temperature': 0.0 is not above 0"),
+        (["circuits", "A", "B", "--final-temperature", "-1"], "'--final-temperature'"),
+        (["circuits", "A", "B", "--lr", "0"], "'--lr': 0.0 is not above 0"),
+        (["attribution", "A", "--overlap", "2"], "'--overlap': 2.0 is not in (0, 1)"),
+        (["attribution", "A", "--top", "0"], "'--top': 0.0 is not in (0, 1]"),
+    ],
+)
+def test_a_diagnose_option_out_of_range_is_one_line_before_any_work(
+    args: list[str],
+    expected: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, err = invoke(monkeypatch, capsys, "diagnose", *args)
+    assert code == 2 and len(err.splitlines()) == 1 and expected in err, err
+
+
+@pytest.mark.parametrize(
+    ("probes", "expected"),
+    [("cpy", "--probes: unknown built-in task 'cpy'"), (",", "--probes: names no probe")],
+)
+def test_a_drift_probe_no_task_has_is_one_line(
+    probes: str,
+    expected: str,
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    out = tmp_path / "drift.json"
+    args = ["diagnose", "drift", str(tiny_model_dir), str(tiny_model_dir), "--probes", probes]
+    code, err = invoke(monkeypatch, capsys, *args, "--out", str(out))
+    assert code == 2 and expected in err and "internal error" not in err, err
+    assert not out.exists()

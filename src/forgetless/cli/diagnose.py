@@ -34,6 +34,24 @@ SHORT_COLUMNS = {
 CheckpointsArg = Annotated[list[Path], typer.Argument(help="Model folders; the first is the base.")]
 
 
+def _positive(value: float | None) -> float | None:
+    if value is not None and not value > 0:
+        raise typer.BadParameter(f"{value} is not above 0")
+    return value
+
+
+def _fraction(value: float) -> float:
+    if not 0 < value <= 1:
+        raise typer.BadParameter(f"{value} is not in (0, 1]")
+    return value
+
+
+def _open_fraction(value: float) -> float:
+    if not 0 < value < 1:
+        raise typer.BadParameter(f"{value} is not in (0, 1)")
+    return value
+
+
 def _print_fitted(title: str, columns: Sequence[str], rows: list[list[str]]) -> None:
     table, legend = fitted_table(title, columns, rows, SHORT_COLUMNS, console.width)
     console.print(table)
@@ -102,8 +120,14 @@ def attribution(
         typer.Option(help="Output JSON (default RUN_DIR/attribution.json)."),
     ] = None,
     samples: Annotated[int, typer.Option(min=1, help="Training samples scored per task.")] = 32,
-    top: Annotated[float, typer.Option(help="Top-K fraction of the map normalization.")] = 0.01,
-    overlap: Annotated[float, typer.Option(help="Top fraction whose sets are compared.")] = 0.05,
+    top: Annotated[
+        float,
+        typer.Option(callback=_fraction, help="Top-K fraction of the map normalization."),
+    ] = 0.01,
+    overlap: Annotated[
+        float,
+        typer.Option(callback=_open_fraction, help="Top fraction whose sets are compared."),
+    ] = 0.05,
     same_model: Annotated[
         bool,
         typer.Option(help="The control: every task's map on the base and on each --independent."),
@@ -170,21 +194,33 @@ def circuits(
         str, typer.Option(help="mean (mean ablation) or corrupt (corrupted prompts).")
     ] = "mean",
     steps: Annotated[int, typer.Option(min=1, help="DBM optimisation steps.")] = 200,
-    lr: Annotated[float, typer.Option(help="DBM learning rate (Adam on mask logits).")] = 0.1,
-    temperature: Annotated[float, typer.Option(help="τ of the mask sigmoid σ(ℓ/τ).")] = 1.0,
+    lr: Annotated[
+        float, typer.Option(callback=_positive, help="DBM learning rate (Adam on mask logits).")
+    ] = 0.1,
+    temperature: Annotated[
+        float, typer.Option(callback=_positive, help="τ of the mask sigmoid σ(ℓ/τ).")
+    ] = 1.0,
     final_temperature: Annotated[
         Optional[float],  # noqa: UP045
-        typer.Option(help="Anneal τ geometrically to this over the steps (binary masks)."),
+        typer.Option(
+            callback=_positive,
+            help="Anneal τ geometrically to this over the steps (binary masks).",
+        ),
     ] = None,
     straight_through: Annotated[
         bool, typer.Option(help="Train hard 0/1 masks (straight-through gradient).")
     ] = False,
-    sparsity: Annotated[float, typer.Option(help="λ of the Σ mask penalty.")] = 0.05,
-    shift: Annotated[float, typer.Option(help="|Δm_h| threshold for mask-shift classes.")] = 0.1,
-    specialist: Annotated[
-        float, typer.Option(help="Necessity and sufficiency share for a critical specialist.")
+    sparsity: Annotated[float, typer.Option(min=0, help="λ of the Σ mask penalty.")] = 0.05,
+    shift: Annotated[
+        float, typer.Option(min=0, help="|Δm_h| threshold for mask-shift classes.")
     ] = 0.1,
-    delta: Annotated[float, typer.Option(help="δ of differential vulnerability.")] = 0.1,
+    specialist: Annotated[
+        float,
+        typer.Option(
+            min=0, max=1, help="Necessity and sufficiency share for a critical specialist."
+        ),
+    ] = 0.1,
+    delta: Annotated[float, typer.Option(min=0, help="δ of differential vulnerability.")] = 0.1,
     chunk: Annotated[int, typer.Option(min=1, help="Masked copies per effects forward pass.")] = 64,
     effects: Annotated[
         str,

@@ -7,14 +7,21 @@ from pathlib import Path
 from typing import Any
 
 from forgetless.diagnostics.diagnose_circuits import checkpoint_labels, load_checkpoint
+from forgetless.errors import ConfigError
 from forgetless.eval.generation import completion_logprobs, kl_drift
 from forgetless.eval.scorers import score_task
 from forgetless.tasks.base import Task
 
 
 def probe_tasks(names: list[str], n: int, seed: int) -> list[Task]:
-    from forgetless.tasks.builtin import build_builtin_task
+    """The built-in probes named; a name no built-in task has is one line naming --probes."""
+    from forgetless.tasks.builtin import build_builtin_task, known_task_names, unknown_task
 
+    if not names:
+        raise ConfigError("--probes: names no probe; e.g. --probes copy,upper")
+    for name in names:
+        if name not in known_task_names():
+            raise ConfigError(f"--probes: {unknown_task(name)}")
     return [build_builtin_task(name, 0, n, seed) for name in names]
 
 
