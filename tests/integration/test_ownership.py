@@ -533,3 +533,26 @@ def test_a_second_bench_on_a_busy_folder_is_refused_naming_the_holder(
     finally:
         holder.kill()
         holder.wait(timeout=30)
+
+
+@pytest.mark.parametrize("inside", ["", "checkpoints/task-01-reverse"])
+@pytest.mark.parametrize("command", ["circuits", "drift"])
+def test_a_run_folder_given_as_a_model_points_to_export(
+    command: str,
+    inside: str,
+    finished: Path,
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    run = finished / "run"
+    given = run / inside if inside else run
+    out = tmp_path / f"{command}.json"
+    args = [str(tiny_model_dir), str(given), "--n", "2", "--out", str(out)]
+    extra = ["--steps", "1"] if command == "circuits" else ["--probes", "copy"]
+    code, err = cli(capsys, "diagnose", command, *args, *extra)
+    assert code == 2, err
+    assert f"CHECKPOINTS: {given} is a" in one_line(err)
+    assert f"forgetless export {run} OUT" in err and not out.exists()
+    if inside:
+        assert err.endswith("--task 1")

@@ -166,16 +166,14 @@ def load_pair(model: str, base: str, cfg: ModelConfig) -> tuple[Any, Any, Any]:
 
 def _refuse_a_folder_of_models(folder: Path) -> None:
     """A run folder, or a folder of named adapters, holds models but is none: say which to use."""
-    from forgetless.core.ownership import folder_owner
     from forgetless.errors import ModelLoadError
+    from forgetless.training.export import run_folder_advice
 
     if not folder.is_dir() or (folder / "config.json").is_file():
         return
-    if folder_owner(folder) == "run":
-        raise ModelLoadError(
-            f"MODEL_OR_ADAPTER: {folder} is a forgetless run folder, not a model; export its "
-            f"model first: forgetless export {folder} OUT (--task N for an earlier task's)"
-        )
+    advice = run_folder_advice(folder)
+    if advice:
+        raise ModelLoadError(f"MODEL_OR_ADAPTER: {advice}")
     inner = sorted(str(p.parent) for p in folder.glob("*/adapter_config.json"))
     if inner:
         raise ModelLoadError(

@@ -64,9 +64,14 @@ def load_checkpoint(folder: Path) -> tuple[nn.Module, Any]:
     from transformers.utils import logging as hf_logging
 
     from forgetless.config.schema import ModelConfig
+    from forgetless.errors import ModelLoadError
     from forgetless.models.loading import load_tokenizer, resolve_source
+    from forgetless.training.export import run_folder_advice
 
     hf_logging.disable_progress_bar()
+    advice = run_folder_advice(folder)
+    if advice:
+        raise ModelLoadError(f"CHECKPOINTS: {advice}")
     source = resolve_source(str(folder))
     model: Any = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
     model.to(device()).eval()

@@ -9,6 +9,7 @@ chat template): ``diagnose circuits``, transformers or mergekit open it without 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from torch import nn
 from forgetless.config.loading import validate_config
 from forgetless.config.schema import RunConfig
 from forgetless.contract.method import Capability, create_method
-from forgetless.core.ownership import check_output_folder, replace_output
+from forgetless.core.ownership import check_output_folder, folder_owner, replace_output
 from forgetless.core.rundir import RunDir
 from forgetless.core.storage import atomic_write_json
 from forgetless.errors import CheckpointError
@@ -61,6 +62,28 @@ def checkpoint_model(
         raise RunFolderError(f"{run_dir}: missing checkpoint {missing[0].name}")
     finetuner.restore(ckpts)
     return finetuner.model.eval(), tokenizer
+
+
+TASK_CHECKPOINT = re.compile(r"task-(\d+)-")
+
+
+def run_folder_advice(folder: Path) -> str | None:
+    """Why ``folder`` is no model when it is a run folder or one of its task checkpoints (they
+    hold weights, not a loadable model), and the export that makes one; None otherwise."""
+    if not folder.is_dir() or (folder / "config.json").is_file():
+        return None
+    if folder_owner(folder) == "run":
+        return (
+            f"{folder} is a forgetless run folder, not a model; export its model first: "
+            f"forgetless export {folder} OUT (--task N for an earlier task's)"
+        )
+    run, index = folder.parent.parent, TASK_CHECKPOINT.match(folder.name)
+    if folder.parent.name == "checkpoints" and index and folder_owner(run) == "run":
+        return (
+            f"{folder} is a task checkpoint of the run {run}, not a model; export it first: "
+            f"forgetless export {run} OUT --task {int(index.group(1))}"
+        )
+    return None
 
 
 def export_model(run_dir: Path, out: Path, task: int | None = None) -> dict[str, Any]:
