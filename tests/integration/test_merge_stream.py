@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
 import warnings
 from pathlib import Path
@@ -232,3 +233,19 @@ def test_cli_bad_merge_config_is_one_line(
     code, _, err = _invoke(monkeypatch, capsys, "merge", str(config), "--out", str(tmp_path / "m"))
     assert code == 2 and err.startswith("error: ") and "\n" not in err and expected in err
     assert not (tmp_path / "m").exists()
+
+
+def test_a_lora_runs_task_checkpoint_names_the_adapter_to_merge(
+    tiny_model_dir: Path, tasks: dict[str, Path], tmp_path: Path
+) -> None:
+    checkpoint = tmp_path / "checkpoints" / "task-01-reverse"  # as a LoRA run keeps one
+    shutil.copytree(tasks["adapter"], checkpoint / "adapters" / "default")
+    with pytest.raises(ConfigError) as caught:
+        stream_merge(
+            _config(tiny_model_dir, [tasks["full1"], checkpoint], {"name": "ties"}), tmp_path / "o"
+        )
+    assert str(caught.value) == (
+        f"tasks.1: {checkpoint} holds LoRA adapters, not a model's weights; give one: "
+        f"{checkpoint / 'adapters' / 'default'}"
+    )
+    assert not (tmp_path / "o").exists()

@@ -201,12 +201,19 @@ def test_dry_run_prints_the_plan_and_writes_nothing(
 ) -> None:
     data = _mergekit("dare_ties", base_model=str(tiny_model_dir))
     (tmp_path / "mk.yaml").write_text(yaml.safe_dump(data), encoding="utf-8")
+    monkeypatch.chdir(tmp_path)  # the models a and b, by relative path
+    _noisy_copy(tiny_model_dir, tmp_path / "a", seed=1)
     out = tmp_path / "merged"
     code, text, err = _invoke(
         monkeypatch, capsys, "merge", str(tmp_path / "mk.yaml"), "--out", str(out), "--dry-run"
     )
+    assert code == 2 and err == "error: tasks.1: no such folder: b", err  # checked, not planned
+    _noisy_copy(tiny_model_dir, tmp_path / "b", seed=2)
+    code, text, err = _invoke(
+        monkeypatch, capsys, "merge", str(tmp_path / "mk.yaml"), "--out", str(out), "--dry-run"
+    )
     assert code == 0, err
-    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["mk.yaml"]
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["a", "b", "mk.yaml"]
     assert "method: dare (" in text and "elect_sign true" in text
     assert "task 2: b  weight 0.3  drop_rate 0.7" in text and "output dtype: float32" in text
     assert "tensors, " in text and "read as mergekit's dare_ties" in text

@@ -36,9 +36,11 @@ def merge(
     """Merge layer by layer from safetensors; writes config, tokenizer and model.safetensors."""
     from forgetless.errors import ConfigError
     from forgetless.merging.config import load_merge_plan
+    from forgetless.merging.streaming import checked_inputs
 
     cfg, notes = load_merge_plan(config)  # imports a declared merge method's module when named
     if dry_run:
+        checked_inputs(cfg)  # a plan printed is one that merges
         for line in plan_lines(cfg, notes):
             console.print(line, markup=False, highlight=False, soft_wrap=True)
         return

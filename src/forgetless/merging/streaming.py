@@ -121,6 +121,10 @@ def tensor_specs(files: TensorFiles) -> dict[str, tuple[int, ...]]:
     return {name: shape for path in paths for name, shape in tensor_shapes(path).items()}
 
 
+Spec = tuple[str, torch.dtype, tuple[int, ...]]
+"""A base tensor's name, dtype and shape."""
+
+
 def read_files(folder: Path, files: list[Path]) -> TensorFiles:
     """``TensorFiles`` with a one-line error for a file that is not safetensors."""
     from safetensors import SafetensorError
@@ -137,7 +141,13 @@ class TaskSource:
 
     def __init__(self, folder: Path) -> None:
         if not folder.is_dir():
-            raise ConfigError(f"tasks: no such folder: {folder}")
+            raise ConfigError(f"no such folder: {folder}")
+        adapters = sorted(str(p.parent) for p in folder.glob("adapters/*/adapter_config.json"))
+        if adapters and not (folder / "adapter_config.json").is_file():
+            raise ConfigError(  # a LoRA run's task checkpoint keeps its adapters by name
+                f"{folder} holds LoRA adapters, not a model's weights; give one: "
+                + ", ".join(adapters)
+            )
         self.folder = folder
         self.is_adapter = (folder / "adapter_config.json").is_file()
         self.changed_names: set[str] = set()
@@ -321,7 +331,7 @@ def _opcm_layer(
     return accumulated, norms
 
 
-def _specs(files: TensorFiles) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+def _specs(files: TensorFiles) -> list[Spec]:
     from safetensors import safe_open
 
     by_name = {v: k for k, v in ST_DTYPES.items()}
@@ -342,23 +352,36 @@ def copy_model_files(base_dir: Path, out: Path) -> None:
             shutil.copy2(base_dir / file_name, out / file_name)
 
 
-def stream_merge(
-    cfg: MergeConfig, out: Path, progress: Callable[[str], None] | None = None
-) -> MergeStats:
-    """Write ``out/`` as a loadable HF model folder holding the merge (see module docstring)."""
+def checked_inputs(cfg: MergeConfig) -> tuple[TensorFiles, list[TaskSource], list[Spec]]:
+    """The base's files, the tasks and the base's tensor specs, once every input is checked:
+    the folders are there, each task's tensors are the base's, the rule is known. Reads
+    headers only; ``merge --dry-run`` runs it too, so a plan it prints can be merged."""
     if not cfg.base_model.is_dir():
         raise ConfigError(f"base_model: no such folder: {cfg.base_model}")
-    check_out(out, cfg)
     base = read_files(cfg.base_model, weight_files(cfg.base_model))
-    sources = [TaskSource(t.path) for t in cfg.tasks]
     specs = _specs(base)
     shapes = {name: shape for name, _, shape in specs}
-    for source in sources:  # every check before the first byte is written
-        source.check_against(shapes)
+    sources = []
+    for index, task in enumerate(cfg.tasks):
+        try:
+            source = TaskSource(task.path)
+            source.check_against(shapes)
+        except ConfigError as err:
+            raise ConfigError(f"tasks.{index}: {err}") from None
+        sources.append(source)
     if not isinstance(cfg.method, OPCMMerge):
         tensor_rule(cfg.method.name)
     if not (cfg.base_model / "config.json").is_file():
         raise ConfigError(f"base_model: {cfg.base_model} has no config.json")
+    return base, sources, specs
+
+
+def stream_merge(
+    cfg: MergeConfig, out: Path, progress: Callable[[str], None] | None = None
+) -> MergeStats:
+    """Write ``out/`` as a loadable HF model folder holding the merge (see module docstring)."""
+    check_out(out, cfg)
+    base, sources, specs = checked_inputs(cfg)
     out_dtype = DTYPES.get(cfg.dtype)
     specs = [(n, out_dtype if out_dtype and d.is_floating_point else d, s) for n, d, s in specs]
     stats, scale = MergeStats(), 1.0
