@@ -309,3 +309,34 @@ def test_a_drift_probe_no_task_has_is_one_line(
     code, err = invoke(monkeypatch, capsys, *args, "--out", str(out))
     assert code == 2 and expected in err and "internal error" not in err, err
     assert not out.exists()
+
+
+def test_a_dataset_path_meant_as_a_local_folder_is_named_missing(
+    tmp_path: Path,
+    tiny_model_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``data/no_such_folder`` where ``data/`` is a folder here is a local path, not a hub id."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    task = {"hf": {"path": "data/no_such_folder"}}
+    config = write_config(tmp_path / "h.yaml", tiny_run_config(tiny_model_dir, tasks=[task]))
+    code, err = invoke(monkeypatch, capsys, "validate", str(config))
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert err.endswith("tasks.0: dataset 'data/no_such_folder': no such folder"), err
+
+
+def test_validate_reading_a_local_csv_prints_one_line_and_no_progress_bar(
+    tmp_path: Path,
+    tiny_model_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    data = tmp_path / "t.csv"
+    data.write_text("prompt,completion\na,b\nc,d\n", encoding="utf-8")
+    task = {"hf": {"path": "csv", "data_files": str(data), "prompt_column": "q"}}
+    config = write_config(tmp_path / "c.yaml", tiny_run_config(tiny_model_dir, tasks=[task]))
+    code, err = invoke(monkeypatch, capsys, "validate", str(config))
+    assert code == 2 and len(err.splitlines()) == 1 and "no column 'q'" in err, err
+    assert "Generating" not in err

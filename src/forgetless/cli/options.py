@@ -14,4 +14,10 @@ PresetOpt = Annotated[
     ),
 ]
 SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="Override: key.path=value")]  # noqa: UP045
-QuietOpt = Annotated[bool, typer.Option(help="No progress bars.")]
+QuietOpt = Annotated[
+    bool,
+    typer.Option(
+        help="No progress bars: a plain progress line every 30 s instead "
+        "(FORGETLESS_PROGRESS_EVERY sets the seconds)."
+    ),
+]

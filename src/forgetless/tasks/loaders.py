@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -176,12 +177,21 @@ def _jsonl_splits(src: JsonlSource, seed: int, probe: bool) -> tuple[list[Exampl
 COMMON_BUILDERS = ("arrow", "csv", "json", "pandas", "parquet", "text")
 
 
+def _meant_local(path: str) -> bool:
+    """A path written as a local one: from the root, home or here, or under a folder here."""
+    head = Path(path).parts[0] if Path(path).parts else ""
+    return path.startswith(("/", "./", "../", "~")) or (
+        len(Path(path).parts) > 1 and Path(head).is_dir()
+    )
+
+
 def _hub_dataset(path: str) -> bool:
     """Whether ``load_dataset(path)`` would ask the hub: not a builder, not a local path."""
     from datasets import packaged_modules
 
     builders = getattr(packaged_modules, "_PACKAGED_DATASETS_MODULES", COMMON_BUILDERS)
-    return path not in builders and not Path(path).expanduser().exists()
+    local = Path(path).expanduser().exists() or _meant_local(path)
+    return path not in builders and not local
 
 
 def reads_local_files(cfg: TaskConfig) -> bool:
@@ -190,7 +200,23 @@ def reads_local_files(cfg: TaskConfig) -> bool:
     return cfg.jsonl is not None or (cfg.hf is not None and not _hub_dataset(cfg.hf.path))
 
 
-def _check_reachable(src: HFSource) -> None:
+@contextmanager
+def _no_progress_bars(quiet: bool) -> Iterator[None]:
+    """datasets' bars off while ``quiet`` (a local read: "Generating train split" is noise on
+    the error stream; a hub download keeps its bar)."""
+    import datasets
+
+    was_on = datasets.is_progress_bar_enabled()
+    if quiet:
+        datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if quiet and was_on:
+            datasets.enable_progress_bars()
+
+
+def check_reachable(src: HFSource) -> None:
     """A hub dataset that cannot be downloaded now and is not cached: refused at once."""
     if not _hub_dataset(src.path):
         return
@@ -202,13 +228,16 @@ def _check_reachable(src: HFSource) -> None:
 def _load_hf_split(src: HFSource, split: str) -> Iterable[Mapping[str, Any]]:
     import datasets
 
-    _check_reachable(src)
+    check_reachable(src)
+    if _meant_local(src.path) and not Path(src.path).expanduser().exists():
+        raise DataError(f"dataset {src.path!r}: no such folder")
     try:
-        local = Path(src.path)
-        if (local / "dataset_dict.json").is_file() or (local / "state.json").is_file():
-            loaded = datasets.load_from_disk(str(local))
-            return loaded[split] if isinstance(loaded, datasets.DatasetDict) else loaded
-        return datasets.load_dataset(src.path, src.name, data_files=src.data_files, split=split)
+        with _no_progress_bars(not _hub_dataset(src.path)):
+            local = Path(src.path)
+            if (local / "dataset_dict.json").is_file() or (local / "state.json").is_file():
+                loaded = datasets.load_from_disk(str(local))
+                return loaded[split] if isinstance(loaded, datasets.DatasetDict) else loaded
+            return datasets.load_dataset(src.path, src.name, data_files=src.data_files, split=split)
     except (
         OSError,  # FileNotFoundError, and ConnectionError for a hub id while offline
         ValueError,

@@ -145,6 +145,8 @@ class ContinualTrainer:
     ``batch_size``, ``max_length`` ...); a method's own options go in ``method``
     (``{"name": "ewc", "lam": 5e3}``). ``allow_config_change`` resumes a run in ``out_dir``
     with other data or settings and records the change (what the CLI's flag does).
+    ``progress=False`` draws no bars: a plain progress line comes every 30 s instead
+    (``FORGETLESS_PROGRESS_EVERY`` sets the seconds), as under the CLI's ``--quiet``.
     """
 
     def __init__(
