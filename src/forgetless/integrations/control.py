@@ -200,7 +200,7 @@ class ForgettingControl:
         model, tokenizer = trainer.model, tokenizer_of(trainer)
         lost = lost_text_warning(tokenizer)
         if lost:
-            warnings.warn(lost.removeprefix("warning: "), UserWarning, stacklevel=2)
+            warnings.warn(lost, UserWarning, stacklevel=2)
         if self.base is None:
             self.base = self._default_base(model)
         if not self.probes:

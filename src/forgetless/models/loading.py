@@ -113,7 +113,7 @@ def lost_text_warning(tokenizer: Any) -> str | None:
     if back == ROUND_TRIP:
         return None
     return (
-        f"warning: the tokenizer ({type(tokenizer).__name__}) gives {ROUND_TRIP!r} back as "
+        f"the tokenizer ({type(tokenizer).__name__}) gives {ROUND_TRIP!r} back as "
         f"{back!r}; if its folder's tokenizer_config.json names TokenizersBackend or "
         "PreTrainedTokenizerFast, load it with PreTrainedTokenizerFast.from_pretrained(folder)"
     )

@@ -179,10 +179,8 @@ COMMON_BUILDERS = ("arrow", "csv", "json", "pandas", "parquet", "text")
 
 def _meant_local(path: str) -> bool:
     """A path written as a local one: from the root, home or here, or under a folder here."""
-    head = Path(path).parts[0] if Path(path).parts else ""
-    return path.startswith(("/", "./", "../", "~")) or (
-        len(Path(path).parts) > 1 and Path(head).is_dir()
-    )
+    parts = Path(path).parts
+    return path.startswith(("/", "./", "../", "~")) or (len(parts) > 1 and Path(parts[0]).is_dir())
 
 
 def _hub_dataset(path: str) -> bool:

@@ -159,9 +159,11 @@ class Runner:
         cfg = self.cfg
         if self.loaded is not None:
             model, tokenizer = self.loaded
-            warning = lost_text_warning(tokenizer)  # a user's tokenizer, loaded their way
-            if warning:
-                self.console.print(warning, markup=False, highlight=False, soft_wrap=True)
+            lost = lost_text_warning(tokenizer)  # a user's tokenizer, loaded their way
+            if lost:
+                self.console.print(
+                    f"warning: {lost}", markup=False, highlight=False, soft_wrap=True
+                )
             model.to(self.device)
             return model, tokenizer, str(cfg.model.name_or_path or "in-memory model")
         built = None

@@ -23,9 +23,12 @@ def load_tasks(
     """Build every task (``probes``: as probes, a file all evaluation unless split); with
     ``say``, a long build prints a progress line now and then."""
     heartbeat = Heartbeat(say or (lambda line: None), "building tasks", len(configs))
+    section = "probes" if probes else "tasks"
+    where = {id(entry): i for i, entry in enumerate(cfg.probes if probes else cfg.tasks)}
     tasks = []
     for index, config in enumerate(configs):
-        place = _place(config, cfg, index, probes)
+        # its place in the run's config (a list that is not the config's own: as given)
+        place = f"{section}.{where.get(id(config), index)}"
         try:
             task = build_task(config, cfg.eval, cfg.seed, probes)
         except ForgetlessError as err:
@@ -36,14 +39,6 @@ def load_tasks(
         tasks.append(task)
         heartbeat.beat()
     return tasks
-
-
-def _place(config: TaskConfig, cfg: RunConfig, index: int, probes: bool) -> str:
-    """Where ``config`` sits in the run's config (``tasks.0``, ``probes.2``), for an error line;
-    a task list that is not the config's own is counted as given."""
-    section = cfg.probes if probes else cfg.tasks
-    found = next((i for i, entry in enumerate(section) if entry is config), index)
-    return f"{'probes' if probes else 'tasks'}.{found}"
 
 
 def cap_note(task: Task, config: TaskConfig, place: str) -> str | None:
