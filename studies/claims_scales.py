@@ -24,6 +24,10 @@ import yaml
 SPECS = Path(__file__).parent
 SCALES = ("tiny", "real")
 PAIRED = re.compile(r"paired [^;]*")
+DECLARED = re.compile(
+    r"^([+-]\d+\.\d+ \[[^\]]+\]).*Holm (\d+\.\d+); gain ([+-]\d+\.\d+) .*; n (\d+)$"
+)
+"""A declared-family cell: its interval, Holm-adjusted p, gain difference and seed count."""
 RenderBlock = Callable[[str, str], str]
 """(block kind, block key) → the block's rendered markdown table."""
 
@@ -43,13 +47,28 @@ def scale_cell(pointer: dict[str, Any], render_block: RenderBlock, where: str) -
         return f"not measured: {pointer['missing']}"
     table = render_block(pointer["block"], pointer["key"])
     cells = row_cells(table, list(pointer["row"]), where)
+    if pointer["block"] == "verdicts-family":
+        return declared_cell(cells)
     verdict, measured = cells[-1], cells[-2]
     if "not measured" in verdict:
         return verdict
+    if pointer.get("exploratory"):
+        verdict += " (exploratory)"
     label = measured.split(":", 1)[0]
     found = PAIRED.search(measured)
     detail = found.group(0) if found else measured.split(";", 1)[0].split(": ", 1)[-1]
     return f"{verdict}: {label}, {detail}"
+
+
+def declared_cell(cells: list[str]) -> str:
+    """A declared-family row's cell: its verdict, then each task order's interval and Holm p."""
+    orders = []
+    for name, cell in zip(("order A", "order B"), cells[1:3], strict=True):
+        found = DECLARED.match(cell)
+        if found:
+            orders.append(f"{name} {found[1]}, Holm {found[2]}, gain {found[3]} ({found[4]} seeds)")
+    measured = "; ".join(orders) or "no seeds yet"
+    return f"**{cells[-1]}** (declared, Holm): general retention (unclipped), {measured}"
 
 
 def render_scales(name: str, render_block: RenderBlock) -> str:

@@ -613,7 +613,7 @@ def rewrite(text: str) -> str:
 
 
 def render_block(kind: str, key: str) -> str:
-    """The markdown a claims, geometry or circuits block of that key renders."""
+    """The markdown a claims, geometry, circuits or declared-family block of that key renders."""
     if kind == "claims-table":
         return render_section(key, load_claims(), _claim_runs, _metric)
     if kind == "geometry-claims":
@@ -622,6 +622,8 @@ def render_block(kind: str, key: str) -> str:
         return render_geometry_within(RESULTS / key)
     if kind == "circuits-claims":
         return render_circuits(RESULTS / key)
+    if kind == "verdicts-family":
+        return render_verdicts(key)
     raise ValueError(f"claims_scales.yaml: no block kind {kind!r}")
 
 

@@ -8,7 +8,9 @@
     python studies/verdicts.py order-b            # order B's config: seq_ft + arms judged in A
     python studies/verdicts.py run b
     python studies/verdicts.py render [--check]   # docs/verdicts.md (and claims.md's copy of
-                                                  # the family's table) from the kept runs
+                                                  # the family's table) from the kept runs;
+                                                  # render_tables.py then redoes the scales
+                                                  # tables that quote the family
     python studies/verdicts.py status             # what each stage has landed, seed by seed
 
 Every run lands in runs/campaigns/<config stem>/ (the bench skips what is kept there) and is

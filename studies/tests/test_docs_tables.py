@@ -123,6 +123,40 @@ def test_the_scales_table_quotes_the_rows_it_points_at() -> None:
     assert scale_cell({"missing": "why"}, block, "here") == "not measured: why"
     with pytest.raises(ValueError, match=r"here: no row starting \['D'\]"):
         cell("D")
+    marked = {"block": "claims-table", "key": "s", "row": ["A predicts B"], "exploratory": True}
+    assert scale_cell(marked, block, "here") == "**refuted** (exploratory): rho, 0.4 ± 0.2 (9 runs)"
+
+
+def test_a_scales_cell_quotes_the_declared_familys_holm_verdict() -> None:
+    from claims_scales import scale_cell
+
+    family = (
+        "| comparison | order A (persona last) | order B (persona first) | verdict |\n"
+        "|---|---|---|---|\n"
+        "| x vs y | +0.099 [+0.073, +0.128] (raw +0.033); p 0.000, Holm 0.002; "
+        "gain +0.004 matched; n 5 | – | frontier |\n"
+        "| z vs y | +0.020 [-0.010, +0.050] (raw +0.010); p 0.030, Holm 0.090; "
+        "gain -0.010 matched; n 5 | -0.150 [-0.200, -0.100] (raw -0.050); p 0.001, "
+        "Holm 0.004; gain +0.000 matched; n 5 | no difference shown |\n"
+    )
+
+    def block(kind: str, key: str) -> str:
+        assert (kind, key) == ("verdicts-family", "plan.yaml")
+        return family
+
+    def cell(row: str) -> str:
+        pointer = {"block": "verdicts-family", "key": "plan.yaml", "row": [row]}
+        return scale_cell(pointer, block, "here")
+
+    assert cell("x vs y") == (
+        "**frontier** (declared, Holm): general retention (unclipped), "
+        "order A +0.099 [+0.073, +0.128], Holm 0.002, gain +0.004 (5 seeds)"
+    )
+    assert cell("z vs y").endswith(
+        "order A +0.020 [-0.010, +0.050], Holm 0.090, gain -0.010 (5 seeds); "
+        "order B -0.150 [-0.200, -0.100], Holm 0.004, gain +0.000 (5 seeds)"
+    )
+    assert cell("z vs y").startswith("**no difference shown** (declared, Holm)")
 
 
 def test_the_memory_model_follows_the_zero_accounting() -> None:
