@@ -6,8 +6,8 @@ is a ratio of medians measured side by side within that script. Torch runs on ``
 threads (1 by default: on a shared machine a second OpenMP thread that loses its core spins,
 and a 2-thread step can take ten times as long), except in the demo's wall time, which runs
 as a user runs it, on the default threads. ``--quick`` shrinks every benchmark (fewer
-steps and repeats, small geometry widths) and skips the demo's cold and warm runs. The
-single-run demo's timing (``demo_time``) runs only when named: ``--only demo_time``.
+steps and repeats, small geometry widths), times the demo once, and skips the bench demo's
+cold and warm runs and the SAE-FD anchor-precision study.
 """
 
 from __future__ import annotations
@@ -40,8 +40,6 @@ class Job:
     full: tuple[str, ...]
     quick: tuple[str, ...] | None
     """None: skipped by ``--quick``."""
-    default: bool = True
-    """False: run only when named by ``--only``."""
     pinned: bool = True
     """False: on the machine's default threads, as a user runs it (the demo's wall time)."""
 
@@ -145,7 +143,7 @@ def main() -> None:
         help="run nothing: rebuild the table from the reports already in --results",
     )
     args = parser.parse_args()
-    wanted = set(args.only.split(",")) if args.only else {j.name for j in JOBS if j.default}
+    wanted = set(args.only.split(",")) if args.only else {j.name for j in JOBS}
     args.results.mkdir(parents=True, exist_ok=True)
     started = datetime.now(UTC)
     tick = time.perf_counter()

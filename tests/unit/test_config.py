@@ -19,6 +19,11 @@ def test_demo_config_is_valid() -> None:
     assert cfg.method.name == "seq_ft"
 
 
+def test_the_written_out_demo_is_the_built_in_demo() -> None:
+    written = yaml.safe_load((ROOT / "examples" / "demo.yaml").read_text(encoding="utf-8"))
+    assert validate_config(written) == validate_config(demo_config_dict())
+
+
 def test_overrides_apply_before_validation() -> None:
     cfg = load_config(
         None, ["train.lr=1e-4", "tasks.0=count", "finetune.lora.r=4", "finetune.mode=lora"]

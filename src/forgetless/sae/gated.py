@@ -1,13 +1,14 @@
 """A gated sparse autoencoder (SAE): one small module and pure typed functions over it.
 
 Rajamanoharan et al. 2024, "Improving Dictionary Learning with Gated Sparse Autoencoders"
-(arXiv 2404.16014). With ``x = h / s − b_dec`` (``s`` a fixed input scale, see below):
+(arXiv 2404.16014). With ``u = h / s`` the scaled input (``s`` a fixed input scale, see below)
+and ``x = u − b_dec`` what the encoders read:
 
 - gate path:      ``π_gate = W_gate x + b_gate``, ``f_gate = 1[π_gate > 0]``
 - magnitude path: ``π_mag = W_mag x + b_mag``, ``W_mag = exp(r_mag) ⊙ W_gate`` (row-wise)
 - features:       ``f = f_gate ⊙ ReLU(π_mag)``
 - decoder:        ``x̂ = W_dec f + b_dec`` (columns of ``W_dec`` at unit norm)
-- loss:           ``‖x − x̂‖² + λ_sparse ‖ReLU(π_gate)‖₁ + ‖x − x̂_frozen(ReLU(π_gate))‖²``
+- loss:           ``‖u − x̂‖² + λ_sparse ‖ReLU(π_gate)‖₁ + ‖u − x̂_frozen(ReLU(π_gate))‖²``
 
 The two paths share their encoder directions (the rows of ``W_gate``); the magnitude path only
 rescales each row by ``exp(r_mag)`` and has its own bias. The sparsity penalty is the paper's, on
