@@ -273,6 +273,7 @@ def render(
         *family_tables(plan, family, second),
         f"Not in the family: {plan['not_in_family']}",
         "",
+        *(f"Erratum, added after the runs: {text}\n" for text in plan.get("errata", [])),
         *sections,
     ]
     return "\n".join(lines)

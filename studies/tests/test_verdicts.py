@@ -7,6 +7,7 @@ import random
 from typing import Any
 
 import pytest
+import verdict_judge
 import verdict_then
 import verdicts
 from verdict_judge import Judged, frontier_lines, judge_family, verdict_line
@@ -177,6 +178,14 @@ def test_the_sweep_table_marks_the_measured_strength_and_why() -> None:
 def test_the_verdicts_page_renders_from_the_kept_runs() -> None:
     """docs/verdicts.md is what `python studies/verdicts.py render` makes of the packs."""
     assert verdicts.main(["render", "--check"]) == 0
+
+
+def test_the_page_prints_the_plans_errata_beside_the_declared_text() -> None:
+    plan = verdicts.load_plan()
+    plan["errata"] = ["the costs were wrong"]
+    page = verdict_judge.render(plan, [])
+    assert f"Not in the family: {plan['not_in_family']}" in page
+    assert "Erratum, added after the runs: the costs were wrong" in page
 
 
 def test_status_names_the_seeds_still_to_run() -> None:
