@@ -46,6 +46,11 @@ def why(first: str, now: Judged) -> str:
         return "significant unadjusted, not after Holm across the family"
     if verdict == "no difference shown":
         return "five seeds on general retention (and items resampled) do not show it"
+    if "in order A only" in verdict and first == "no difference shown":
+        return (
+            "five seeds on general retention show it with the persona task last, which three on "
+            "gk-mc did not; order B, with the persona task first, does not repeat it"
+        )
     if "in order A only" in verdict:
         return "order B, with the persona task first, does not repeat it"
     return "five seeds on general retention show what three on gk-mc did not"

@@ -272,6 +272,13 @@ def test_then_and_now_counts_the_verdicts_that_moved_and_says_why() -> None:
     assert "not after Holm" in rows["sae_fd vs seq_ft"]
     assert "a → b; sae_fd-dense: c → d" in rows["sae_fd vs sae_fd-dense"]
     assert rows["replay vs seq_ft"].endswith("| retains more |  |")
+    only_a = "retains more in order A only (order B: no difference shown)"
+    assert "which three on gk-mc did not; order B" in verdict_then.why(
+        "no difference shown", Judged("kl_sft", "seq_ft", 1, "x", verdict=only_a)
+    )
+    assert verdict_then.why("retains more", Judged("sae_fd", "seq_ft", 1, "x", verdict=only_a)) == (
+        "order B, with the persona task first, does not repeat it"
+    )
     family[0].verdict = "pending (4 of 5 seeds)"
     assert "waits for every row: 4 of 5" in verdict_then.then_and_now_lines(family, {})[-2]
 
