@@ -262,9 +262,3 @@ def run_bench(
         }
         atomic_write_json(out_dir / BENCH_FILE, bench)
         return bench
-
-
-def interval_text(value: dict[str, Any] | None) -> str:
-    if value is None:
-        return "n/a"
-    return str(Interval(value["mean"], value["low"], value["high"], value["n"]))

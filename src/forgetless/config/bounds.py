@@ -179,9 +179,9 @@ def check_fits(cfg: RunConfig, source: str, machine: int | None = None) -> None:
         )
 
 
-def size_warnings(cfg: RunConfig, source: str, available: int | None = None) -> list[str]:
+def size_warnings(cfg: RunConfig, source: str) -> list[str]:
     """Sizes that fit but will hurt: more memory than is free now, a quadratic evaluation."""
-    available = available if available is not None else available_memory()
+    available = available_memory()
     worst, total = _biggest(memory_needs(cfg))
     out = []
     if available is not None and total > available:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar, get_args
+from typing import Any, get_args
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -14,8 +14,6 @@ from forgetless.config.bounds import check_fits
 from forgetless.config.schema import RunConfig
 from forgetless.core import registry
 from forgetless.errors import ConfigError
-
-T = TypeVar("T", bound=BaseModel)
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
@@ -231,14 +229,6 @@ def load_config(
 ) -> RunConfig:
     """Load a YAML config (or a built-in preset when ``path`` is None) and apply overrides."""
     return load_raw_config(path, overrides, preset)[0]
-
-
-def load_typed(path: Path, model: type[T]) -> T:
-    """Any other config file the CLI reads (a merge): YAML into ``model``, one-line errors."""
-    try:
-        return model.model_validate(read_yaml(path))
-    except ValidationError as err:
-        raise ConfigError(format_validation_error(err, str(path))) from None
 
 
 def dump_config(config: RunConfig) -> str:

@@ -169,16 +169,6 @@ def labelled_tokens(labels: torch.Tensor, ignore_index: int) -> torch.Tensor:
     return (labels[:, 1:] != ignore_index).sum().to(torch.float64)
 
 
-def token_share(local: torch.Tensor) -> float:
-    """This process's share of the micro-batch's labelled tokens (1.0 for one process)."""
-    size = world_size()
-    if size == 1:
-        return 1.0
-    total = _on_comm_device(local.detach().clone())
-    dist.all_reduce(total)
-    return float(local) / float(total) if float(total) > 0 else 1.0 / size
-
-
 def weighted_sum(values: torch.Tensor, share: float) -> torch.Tensor:
     """Σ over processes of ``share · values``: the global value of token-mean quantities."""
     if world_size() == 1:

@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, Literal
 import torch
 
 from forgetless.merging.linear import combine
+from forgetless.merging.task_arithmetic import COMPUTE
 from forgetless.merging.ties import ties_merge
 
 if TYPE_CHECKING:
     from forgetless.merging.config import DareMerge
 
-COMPUTE = torch.float32
 Rescale = Literal["inverse", "l1", "none"]
 L1_FLOOR = 1e-7
 """Below this L1 norm (before or after the drop) mergekit leaves the kept entries unscaled."""

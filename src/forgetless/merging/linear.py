@@ -7,7 +7,8 @@ from collections.abc import Sequence
 
 import torch
 
-COMPUTE = torch.float32
+from forgetless.merging.task_arithmetic import COMPUTE
+
 TINY_WEIGHT_SUM = 1e-8
 """A weight sum this close to 0 is not divided by (mergekit's guard)."""
 

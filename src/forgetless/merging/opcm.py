@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
-COMPUTE = torch.float32
+from forgetless.merging.task_arithmetic import COMPUTE
 
 
 def split_rank(singular_values: torch.Tensor, alpha: float) -> int:

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
-COMPUTE = torch.float32
+from forgetless.merging.task_arithmetic import COMPUTE
 
 
 def kept_count(n: int, density: float, rounding: str = "ceil") -> int:

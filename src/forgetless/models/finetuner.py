@@ -21,10 +21,8 @@ from torch import nn
 from forgetless.config.schema import FinetuneConfig
 from forgetless.core import sharding
 from forgetless.core.storage import check_fits, read_tensors, tensor_shapes
-from forgetless.core.tensor_files import WEIGHTS_FILE
+from forgetless.core.tensor_files import ADAPTER_FILE, WEIGHTS_FILE
 from forgetless.errors import CheckpointError, ModelLoadError
-
-ADAPTER_FILE = "adapter_model.safetensors"
 
 
 @contextmanager

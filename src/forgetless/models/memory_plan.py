@@ -77,7 +77,6 @@ class ModelShape:
     heads: int
     kv_width: int
     """Key/value projection width (kv heads x head dim)."""
-    tied: bool
 
     @property
     def layers(self) -> int:
@@ -123,7 +122,6 @@ def shape_of(model: nn.Module, run: RunConfig) -> ModelShape:
         intermediate=config.intermediate_size,
         heads=heads,
         kv_width=kv_heads * head_dim,
-        tied=tied,
     )
 
 

@@ -261,7 +261,6 @@ def ensure_sae(
     cfg: SAETrainConfig,
     max_length: int,
     device: torch.device,
-    extra: dict[str, Any] | None = None,
 ) -> TrainedSAE:
     """The SAE saved in ``folder``, or one trained now on ``load_base()`` and saved there."""
     with cache_fill_lock(folder):
@@ -270,7 +269,6 @@ def ensure_sae(
         base = load_base().to(device)  # type: ignore[arg-type]
         sae, record = fit_sae(base, tokenizer, cfg, max_length, device)
         del base
-        record.update(extra or {})
         folder.parent.mkdir(parents=True, exist_ok=True)
         with atomic_dir(folder) as tmp:
             save_sae(sae, tmp, record)
