@@ -44,7 +44,7 @@ def refusal(method: str, **kwargs: Any) -> str:
 
 
 @pytest.mark.parametrize("name", sorted(registered_methods()))
-def test_each_method_runs_on_a_4bit_base_or_is_refused_in_one_line(name: str) -> None:
+def test_each_method_validates_on_a_4bit_base_or_is_refused_in_one_line(name: str) -> None:
     regimes = registered_methods()[name].lora_regimes or ("carry",)
     if name not in REFUSED:
         assert qlora_run(name, regime=regimes[0]).model.quantization is not None

@@ -12,11 +12,13 @@ import torch
 from conftest import CrashAt, tiny_run_config, write_jsonl
 from rich.console import Console
 from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
 
 from forgetless.config.loading import validate_config
 from forgetless.contract.method import Capability, StepContext
 from forgetless.errors import ConfigError, TrainingError
 from forgetless.methods.seq_ft import SeqFT, SeqFTConfig
+from forgetless.training.export import checkpoint_model, load_run
 from forgetless.training.runner import Runner
 
 
@@ -142,6 +144,13 @@ def test_carry_trains_one_adapter_and_leaves_base_weights(
     two = load_file(str(ckpts / "task-02-cipher/adapters/default/adapter_model.safetensors"))
     assert any(not torch.equal(one[k], two[k]) for k in one), "the same adapter keeps training"
     assert results["kl_drift"]["base_to_model"][-1] > 0
+    assert not list(ckpts.rglob("model.safetensors")), "no full weights saved under LoRA"
+    cfg, _ = load_run(tmp_path)
+    model, _ = checkpoint_model(cfg, tmp_path, ["reverse", "cipher"], 2)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    ids = torch.arange(3, 19).view(2, 8)
+    with torch.no_grad(), model.disable_adapter():
+        torch.testing.assert_close(model(input_ids=ids).logits, base(input_ids=ids).logits)
 
 
 def test_nan_loss_stops_with_task_step_and_term(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -294,11 +294,17 @@ def test_every_registered_method_runs_in_a_trainer_or_refuses_in_its_documented_
         control = ForgettingControl(name, probes=["copy"], probe_batch=8, **options)
         trainer = two_tasks(Trainer, control, tiny_model_dir, tmp_path / name)
         assert [r["task"] for r in control.history] == ["task-1", "cipher"], name
-        assert all(r["steps"] == 2 and r["kl_to_base"] >= 0 for r in control.history), name
+        assert all(r["steps"] == 2 for r in control.history), name
+        assert control.history[-1]["kl_to_base"] > 0, f"{name}: the model never left the base"
         logged = {k for entry in trainer.state.log_history for k in entry}
         assert "forgetless/kl_to_base" in logged, name
         if control.method.uses(Capability.LOSS_TERMS):
-            assert f"forgetless/{name}" in logged, name  # its term, named as the method
+            term = [
+                e[f"forgetless/{name}"]
+                for e in trainer.state.log_history
+                if f"forgetless/{name}" in e
+            ]
+            assert term and max(term) > 0, f"{name}: its term, named as the method, never acted"
         assert math.isfinite(trainer.state.log_history[-2]["train_loss"]), name
 
 
